@@ -1,0 +1,1 @@
+"""The sluicegate Python client."""

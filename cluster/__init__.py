@@ -1,0 +1,1 @@
+"""Cluster cores: pure state machines (no I/O, no trio, no clock); `now` is always an argument."""

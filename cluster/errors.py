@@ -1,0 +1,59 @@
+"""Domain errors of the semaphore core.
+
+They carry data, never wire text: the shells (HTTP, and later the WebSocket protocol) map each type to
+a status and a body in one place. The names follow Throttle's error kinds one to one.
+"""
+
+from __future__ import annotations
+
+
+class SemaphoreError(Exception):
+    """Base of every error a client can cause through the semaphore API."""
+
+
+class UnknownSemaphore(SemaphoreError):
+    def __init__(self, semaphore: str) -> None:
+        super().__init__(semaphore)
+        self.semaphore = semaphore
+
+
+class UnknownPeer(SemaphoreError):
+    def __init__(self, peer_id: int) -> None:
+        super().__init__(peer_id)
+        self.peer_id = peer_id
+
+
+class LockNeverAcquirable(SemaphoreError):
+    """The lock asks for more than the semaphore's full count."""
+
+    def __init__(self, asked: int, max: int) -> None:
+        super().__init__(asked, max)
+        self.asked = asked
+        self.max = max
+
+
+class LockHierarchyViolation(SemaphoreError):
+    """Acquiring this lock could deadlock (Throttle's `Deadlock`)."""
+
+    def __init__(self, current: int, requested: int) -> None:
+        super().__init__(current, requested)
+        self.current = current
+        self.requested = requested
+
+
+class AlreadyPending(SemaphoreError):
+    """A peer may wait for one lock at a time."""
+
+
+class InvalidLockCount(SemaphoreError):
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.count = count
+
+
+class RestoreConflict(SemaphoreError):
+    """A restore tried to change a peer that exists with other locks (Throttle's `ChangeThroughRestore`)."""
+
+
+class ShrinkingLockCount(SemaphoreError):
+    """Asking again for a lock with a smaller count; Throttle does not implement it, nor do we."""

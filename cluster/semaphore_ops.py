@@ -1,0 +1,104 @@
+"""The semaphore API as data: one value per request, applied to a core by `apply`.
+
+Shells turn bytes into these values and actors apply them; the same values will travel between
+nodes when a request is forwarded to the owner of a semaphore.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .semaphores import SemaphoreCore
+
+
+@dataclass(frozen=True, slots=True)
+class NewPeer:
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    peer_id: int
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePeer:
+    peer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    peer_id: int
+    semaphore: str
+    count: int
+    expires_in: float | None = None
+    # How long the caller is willing to wait for the grant; the actor, not the core, waits.
+    block_for: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLock:
+    peer_id: int
+    semaphore: str
+
+
+@dataclass(frozen=True, slots=True)
+class IsAcquired:
+    peer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Remainder:
+    semaphore: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    peer_id: int
+    expires_in: float
+    acquired: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ListPeers:
+    pass
+
+
+Operation = (
+    NewPeer
+    | Heartbeat
+    | ReleasePeer
+    | Acquire
+    | ReleaseLock
+    | IsAcquired
+    | Remainder
+    | Restore
+    | ListPeers
+)
+
+
+def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) -> object:
+    """Apply one operation; returns its answer or raises a `SemaphoreError`."""
+    match op:
+        case Acquire(peer_id, semaphore, count, expires_in, _):
+            return core.acquire(peer_id, semaphore, count, now, expires_in)
+        case ReleaseLock(peer_id, semaphore):
+            return core.release_lock(peer_id, semaphore)
+        case Heartbeat(peer_id, expires_in):
+            return core.heartbeat(peer_id, now + expires_in)
+        case NewPeer(expires_in):
+            return core.new_peer(now + expires_in, rng)
+        case ReleasePeer(peer_id):
+            return core.release_peer(peer_id)
+        case IsAcquired(peer_id):
+            return core.is_acquired(peer_id)
+        case Remainder(semaphore):
+            return core.remainder(semaphore)
+        case Restore(peer_id, expires_in, acquired):
+            return core.restore(peer_id, acquired, now + expires_in)
+        case ListPeers():
+            return core.peer_ids()
+    raise TypeError(f"not a semaphore operation: {op!r}")

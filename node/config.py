@@ -1,0 +1,107 @@
+"""Node configuration: Throttle's TOML format, read exactly as Throttle reads it.
+
+```toml
+[semaphores]
+A = 42                        # max 42, level 0
+B = { max = 1, level = 1 }
+
+[logging.stderr]
+level = "WARN"
+```
+
+Unknown keys and sections are ignored, so later sections of our own (cluster, rate limits) and
+Throttle configuration files with keys we do not know both load.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluicegate.cluster.semaphores import SemaphoreConfig
+
+DEFAULT_PATH = Path("throttle.toml")
+LOG_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG", "TRACE")
+
+# Throttle stores max as i64 and level as i32.
+_I64 = (-(2**63), 2**63 - 1)
+_I32 = (-(2**31), 2**31 - 1)
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    semaphores: dict[str, SemaphoreConfig] = field(default_factory=dict)
+    log_level: str | None = None
+
+
+def parse_config(text: str, source: str = "<config>") -> NodeConfig:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: not valid TOML: {error}") from None
+    return NodeConfig(
+        semaphores=_semaphores(doc.get("semaphores", {}), source),
+        log_level=_log_level(doc.get("logging", {}), source),
+    )
+
+
+def load_config(path: Path | None) -> tuple[NodeConfig, str | None]:
+    """Read the configuration file; returns it and a notice to log, if any.
+
+    With no path given, `throttle.toml` in the working directory is used if it exists, and an
+    empty configuration otherwise (as Throttle does). A path given explicitly must exist.
+    """
+    if path is None:
+        if not DEFAULT_PATH.exists():
+            return NodeConfig(), f"No configuration file {DEFAULT_PATH} found; using an empty one."
+        path = DEFAULT_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read configuration {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return parse_config(text, str(path)), None
+
+
+def _semaphores(table: object, source: str) -> dict[str, SemaphoreConfig]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [semaphores] must be a table")
+    result = {}
+    for name, value in table.items():
+        key = f"semaphores.{name}"
+        if isinstance(value, dict):
+            if "max" not in value:
+                raise ConfigError(f"{source}: {key} needs a `max`")
+            max_ = _integer(value["max"], f"{key}.max", source, _I64)
+            level = _integer(value.get("level", 0), f"{key}.level", source, _I32)
+        else:
+            max_ = _integer(value, key, source, _I64)
+            level = 0
+        result[name] = SemaphoreConfig(max=max_, level=level)
+    return result
+
+
+def _integer(value: object, key: str, source: str, bounds: tuple[int, int]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{source}: {key} must be an integer, found {value!r}")
+    if not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{source}: {key} is out of range: {value}")
+    return value
+
+
+def _log_level(table: object, source: str) -> str | None:
+    stderr = table.get("stderr") if isinstance(table, dict) else None
+    if not isinstance(stderr, dict) or "level" not in stderr:
+        return None
+    level = stderr["level"]
+    if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+        raise ConfigError(
+            f"{source}: logging.stderr.level must be one of {', '.join(LOG_LEVELS)}, found {level!r}"
+        )
+    return level.upper()

@@ -1,0 +1,364 @@
+"""The HTTP shell: Throttle's API, byte for byte, as one ASGI application.
+
+Only bytes and errors live here: routing, decoding, and the single table that maps domain errors to
+statuses and bodies. Every decision is the semaphore core's, reached through the actor.
+See ../shared/THROTTLE_API.md (in the repository's docs) for the contract this file keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
+from urllib.parse import unquote_to_bytes
+
+from sluicegate.cluster import errors
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    Heartbeat,
+    IsAcquired,
+    ListPeers,
+    NewPeer,
+    ReleaseLock,
+    ReleasePeer,
+    Remainder,
+    Restore,
+)
+
+from . import serde_compat as serde
+from .semaphore_actor import SemaphoreActor
+from .throttle_metrics import render as render_throttle_metrics
+
+log = logging.getLogger("sluicegate.http")
+
+MAX_BODY = 1024 * 1024
+
+TEXT = "text/plain; charset=utf-8"
+JSON = "application/json"
+HTML = "text/html; charset=utf-8"
+
+NOT_FOUND_PAGE = (
+    b'<!DOCTYPE html>\n<html>\n\n<head>\n    <meta charset="UTF-8">\n'
+    b"    <title>404 - Not Found</title>\n</head>\n\n<body>\n"
+    b"    Sorry, the requested page does not exist.\n</body>\n\n</html>"
+)
+
+try:
+    VERSION = version("sluicegate")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    VERSION = "0.0.0"
+
+_FAVICON = resources.files("sluicegate.node").joinpath("static/favicon.ico").read_bytes()
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def text(body: str, status: int = 200) -> Response:
+    return Response(status, body.encode(), TEXT)
+
+
+def json_response(value: object, status: int = 200) -> Response:
+    return Response(status, json.dumps(value, separators=(",", ":")).encode(), JSON)
+
+
+class Rejection(Exception):
+    """An extractor refused the request; the response says why."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def domain_error(error: errors.SemaphoreError) -> Response:
+    """The one place that turns a domain error into Throttle's status and body (no Content-Type)."""
+    match error:
+        case errors.UnknownSemaphore():
+            return Response(400, b"Unknown semaphore")
+        case errors.UnknownPeer():
+            return Response(400, b"Unknown peer")
+        case errors.InvalidLockCount(count=count):
+            return Response(400, f"Lock count must be a positive number. Found: {count}.".encode())
+        case errors.LockNeverAcquirable(asked=asked, max=max_):
+            return Response(
+                409,
+                f"Lock can never be acquired. Lock asks for count {asked} yet full count is only "
+                f"{max_}.".encode(),
+            )
+        case errors.LockHierarchyViolation(current=current, requested=requested):
+            return Response(
+                409,
+                "Lock hierachy violation. This may deadlock. The current lock level is "
+                f"{current} the\n        requested lock level was {requested}.".encode(),
+            )
+        case errors.AlreadyPending():
+            return Response(409, b"Already pending. Only one pendig lock per peer is allowed.")
+        case errors.RestoreConflict():
+            return Response(409, b"Restore is not allowed to change existing peers.")
+        case errors.ShrinkingLockCount():
+            return Response(
+                501, b"Shrinking the count of an existing lock is currently not implemented."
+            )
+    raise TypeError(f"unmapped domain error {error!r}")
+
+
+# -- requests and extractors ------------------------------------------------------------------
+
+
+class Request:
+    def __init__(self, scope: dict, receive: Callable[[], Awaitable[dict]]) -> None:
+        self.method: str = scope["method"]
+        raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
+        self.raw_path: bytes = raw_path.split(b"?", 1)[0]
+        self.query: bytes = scope.get("query_string", b"")
+        self.headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+        self._receive = receive
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    async def body(self) -> bytes:
+        length = self.header(b"content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY:
+            raise Rejection(text("Failed to buffer the request body: length limit exceeded", 413))
+        chunks, size = [], 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise Rejection(text("Client disconnected", 400))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise Rejection(
+                    text("Failed to buffer the request body: length limit exceeded", 413)
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def json(self) -> object:
+        content_type = (self.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
+        if not (content_type == b"application/json" or content_type.endswith(b"+json")):
+            raise Rejection(text("Expected request with `Content-Type: application/json`", 415))
+        body = await self.body()
+        try:
+            return serde.parse_json(body)
+        except serde.JsonSyntaxError as error:
+            raise Rejection(
+                text(f"Failed to parse the request body as JSON: {error}", 400)
+            ) from None
+
+
+def _shaped(convert: Callable[[], object]) -> object:
+    try:
+        return convert()
+    except serde.ShapeError as error:
+        raise Rejection(
+            text(f"Failed to deserialize the JSON body into the target type: {error}", 422)
+        ) from None
+
+
+def _query(request: Request, fields: dict, required=()) -> dict:
+    try:
+        return serde.parse_query(request.query, fields, required)
+    except serde.ShapeError as error:
+        raise Rejection(text(f"Failed to deserialize query string: {error}", 400)) from None
+
+
+def _path_text(segment: bytes, name: str) -> str:
+    try:
+        return unquote_to_bytes(segment).decode("utf-8")
+    except UnicodeDecodeError:
+        raise Rejection(text(f"Invalid URL: Invalid UTF-8 in `{name}`", 400)) from None
+
+
+def _peer_id(segment: bytes) -> int:
+    value = _path_text(segment, "id")
+    digits = value[1:] if value.startswith("+") else value
+    if digits.isascii() and digits.isdigit() and int(digits) < 2**64:
+        return int(digits)
+    raise Rejection(text(f"Invalid URL: Cannot parse `{value}` to a `u64`", 400))
+
+
+def _semaphore_name(segment: bytes) -> str:
+    # Throttle decodes semaphore names twice: once in the router, once more in its handler.
+    return unquote_to_bytes(_path_text(segment, "semaphore")).decode("utf-8", errors="replace")
+
+
+def _expires_in_body(value: object) -> float:
+    return _shaped(lambda: serde.struct(value, "ExpiresIn", {"expires_in": serde.duration}))[
+        "expires_in"
+    ]
+
+
+# -- handlers ---------------------------------------------------------------------------------
+
+
+class ThrottleApi:
+    """Handlers for every Throttle route, bound to one semaphore actor."""
+
+    def __init__(self, actor: SemaphoreActor) -> None:
+        self.actor = actor
+
+    async def index(self, request: Request) -> Response:
+        return text("Hello from Throttle!")
+
+    async def health(self, request: Request) -> Response:
+        return text("Ok")
+
+    async def version(self, request: Request) -> Response:
+        return text(VERSION)
+
+    async def favicon(self, request: Request) -> Response:
+        return Response(200, _FAVICON, "image/x-icon")
+
+    async def metrics(self, request: Request) -> Response:
+        return text(render_throttle_metrics(await self.actor.stats()))
+
+    async def new_peer(self, request: Request) -> Response:
+        expires_in = _expires_in_body(await request.json())
+        return json_response(await self.actor.call(NewPeer(expires_in)))
+
+    async def list_peers(self, request: Request) -> Response:
+        peer_ids = await self.actor.call(ListPeers())
+        return json_response([{"id": peer_id} for peer_id in peer_ids])
+
+    async def heartbeat(self, request: Request, peer: bytes) -> Response:
+        peer_id = _peer_id(peer)
+        expires_in = _expires_in_body(await request.json())
+        await self.actor.call(Heartbeat(peer_id, expires_in))
+        return text("Ok")
+
+    async def release_peer(self, request: Request, peer: bytes) -> Response:
+        released = await self.actor.call(ReleasePeer(_peer_id(peer)))
+        return json_response("Peer released" if released else "Peer not found")
+
+    async def acquire(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
+        peer_id = _peer_id(peer)
+        name = _semaphore_name(semaphore)
+        query = _query(
+            request, {"expires_in": serde.query_duration, "block_for": serde.query_duration}
+        )
+        body = await request.json()
+        count = _shaped(lambda: serde.integer(body, serde.I64, "i64"))
+        acquired = await self.actor.call(
+            Acquire(peer_id, name, count, query.get("expires_in"), query.get("block_for"))
+        )
+        return json_response(peer_id, 200 if acquired else 202)
+
+    async def release_lock(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
+        peer_id = _peer_id(peer)
+        await self.actor.call(ReleaseLock(peer_id, _semaphore_name(semaphore)))
+        return text("Ok")
+
+    async def is_acquired(self, request: Request, peer: bytes) -> Response:
+        return json_response(await self.actor.call(IsAcquired(_peer_id(peer))))
+
+    async def remainder(self, request: Request) -> Response:
+        query = _query(request, {"semaphore": str}, required=("semaphore",))
+        return json_response(await self.actor.call(Remainder(query["semaphore"])))
+
+    async def restore(self, request: Request) -> Response:
+        body = await request.json()
+
+        def acquired_map(value: object, path: str) -> dict[str, int]:
+            if not isinstance(value, dict):
+                raise serde.ShapeError(
+                    f"{path}: invalid type: {serde._unexpected(value)}, expected a map"
+                )
+            return {
+                name: serde.integer(count, serde.I64, "i64", f"{path}.{name}")
+                for name, count in value.items()
+            }
+
+        fields = _shaped(
+            lambda: serde.struct(
+                body,
+                "Restore",
+                {
+                    "expires_in": serde.duration,
+                    "peer_id": lambda v, p: serde.integer(v, serde.U64, "u64", p),
+                    "acquired": acquired_map,
+                },
+            )
+        )
+        await self.actor.call(Restore(fields["peer_id"], fields["expires_in"], fields["acquired"]))
+        return text("Ok")
+
+
+# -- routing ----------------------------------------------------------------------------------
+
+GET = ("GET", "HEAD")
+
+
+def route(api: ThrottleApi, path: bytes) -> dict[str, Callable] | None:
+    """The handlers of the route `path` matches, by method; None if no route matches.
+
+    Handlers are partially applied to the path's parameters (raw, still percent-encoded bytes).
+    """
+    static = {
+        b"/": {"GET": api.index},
+        b"/health": {"GET": api.health},
+        b"/version": {"GET": api.version},
+        b"/favicon.ico": {"GET": api.favicon},
+        b"/metrics": {"GET": api.metrics},
+        b"/new_peer": {"POST": api.new_peer},
+        b"/peers/": {"GET": api.list_peers},
+        b"/remainder": {"GET": api.remainder},
+        b"/restore": {"POST": api.restore},
+    }.get(path)
+    if static is not None:
+        return static
+    parts = path.split(b"/")
+    if len(parts) < 3 or parts[0] != b"" or parts[1] != b"peers" or not all(parts[2:]):
+        return None
+    peer = parts[2]
+    if len(parts) == 3:
+        return {
+            "PUT": lambda r: api.heartbeat(r, peer),
+            "DELETE": lambda r: api.release_peer(r, peer),
+        }
+    if len(parts) == 4 and parts[3] == b"is_acquired":
+        return {"GET": lambda r: api.is_acquired(r, peer)}
+    if len(parts) == 4:
+        semaphore = parts[3]
+        return {
+            "PUT": lambda r: api.acquire(r, peer, semaphore),
+            "DELETE": lambda r: api.release_lock(r, peer, semaphore),
+        }
+    return None
+
+
+def allow_header(methods: dict[str, Callable]) -> bytes:
+    # As axum writes it: GET brings HEAD along, methods joined by a bare comma.
+    allowed = []
+    for method in methods:
+        allowed.extend(GET if method == "GET" else (method,))
+    return ",".join(allowed).encode()
+
+
+async def handle(api: ThrottleApi, request: Request) -> Response:
+    handlers = route(api, request.raw_path)
+    if handlers is None:
+        return Response(404, NOT_FOUND_PAGE, HTML)
+    method = "GET" if request.method == "HEAD" else request.method
+    handler = handlers.get(method)
+    if handler is None:
+        return Response(405, headers=[(b"allow", allow_header(handlers))])
+    try:
+        return await handler(request)
+    except Rejection as rejection:
+        return rejection.response
+    except errors.SemaphoreError as error:
+        return domain_error(error)

@@ -1,0 +1,198 @@
+"""The semaphore actor: one trio task owns the semaphore core, fed by a memory channel.
+
+Every request carries its own reply slot. The task drains everything queued into one batch per
+wake-up, applies it in arrival order, and otherwise sleeps until the core's next expiry or the next
+blocked acquire runs out of patience. Acquires with `block_for` park here, in the actor, and are
+answered the moment their peer holds all its locks, fails (peer deleted or expired), or the time is up.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import random
+from collections.abc import Callable
+
+import trio
+
+from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
+from sluicegate.cluster.semaphore_ops import Acquire, Operation, apply
+from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
+
+log = logging.getLogger("sluicegate.semaphores")
+
+INBOX_SIZE = 4096
+
+
+class _Request:
+    __slots__ = ("op", "done", "result", "error")
+
+    def __init__(self, op: Operation | None) -> None:
+        self.op = op
+        self.done = trio.Event()
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def succeed(self, result: object) -> None:
+        self.result = result
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+class _StopBlocking:
+    """Control message: answer every parked acquire now and park no more (used at shutdown)."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: list[SemaphoreStats] = []
+
+
+class SemaphoreActor:
+    def __init__(
+        self,
+        core: SemaphoreCore,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self._core = core
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
+        self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
+        self._parked: dict[int, list[_Request]] = {}
+        self._park_deadlines: list[tuple[float, int, _Request]] = []
+        self._sequence = itertools.count()
+        self._blocking = True
+
+    async def call(self, op: Operation) -> object:
+        """Apply `op` in the actor and return its answer, raising its `SemaphoreError`."""
+        request = _Request(op)
+        await self._send.send(request)
+        await request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    async def stats(self) -> list[SemaphoreStats]:
+        message = _Stats()
+        await self._send.send(message)
+        await message.done.wait()
+        return message.result
+
+    async def stop_blocking(self) -> None:
+        message = _StopBlocking()
+        await self._send.send(message)
+        await message.done.wait()
+
+    def close(self) -> None:
+        self._send.close()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        inbox = self._inbox
+        while True:
+            batch = []
+            with trio.move_on_at(self._next_wakeup()):
+                try:
+                    batch.append(await inbox.receive())
+                except trio.EndOfChannel:
+                    self._answer_all_parked()
+                    return
+            while True:
+                try:
+                    batch.append(inbox.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            now = self._clock()
+            self._expire(now)
+            for message in batch:
+                self._handle(message, now)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _next_wakeup(self) -> float:
+        deadline = self._core.next_deadline()
+        deadlines = self._park_deadlines
+        while deadlines and deadlines[0][2].done.is_set():
+            heapq.heappop(deadlines)
+        if deadlines:
+            deadline = deadlines[0][0] if deadline is None else min(deadline, deadlines[0][0])
+        return math.inf if deadline is None else deadline
+
+    def _expire(self, now: float) -> None:
+        expired = self._core.expire(now)
+        if expired:
+            log.warning("Removed %d peers due to expiration.", len(expired))
+            self._dispatch_events()
+        deadlines = self._park_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(deadlines)
+            if not request.done.is_set():
+                # Out of patience: the lock stays pending, the answer is "not yet".
+                self._unpark(request)
+                request.succeed(False)
+
+    def _handle(self, message: _Request | _StopBlocking | _Stats, now: float) -> None:
+        if isinstance(message, _Stats):
+            message.result = self._core.stats(now)
+            message.done.set()
+            return
+        if isinstance(message, _StopBlocking):
+            self._blocking = False
+            self._answer_all_parked()
+            message.done.set()
+            return
+        op = message.op
+        try:
+            result = apply(self._core, op, now, self._rng)
+        except SemaphoreError as error:
+            message.fail(error)
+        else:
+            if (
+                result is False
+                and isinstance(op, Acquire)
+                and op.block_for
+                and op.block_for > 0
+                and self._blocking
+            ):
+                self._parked.setdefault(op.peer_id, []).append(message)
+                heapq.heappush(
+                    self._park_deadlines, (now + op.block_for, next(self._sequence), message)
+                )
+            else:
+                message.succeed(result)
+        self._dispatch_events()
+
+    def _dispatch_events(self) -> None:
+        for event in self._core.events():
+            if isinstance(event, LockGranted):
+                for request in self._parked.pop(event.peer_id, ()):
+                    request.succeed(True)
+            elif isinstance(event, PeerRemoved):
+                for request in self._parked.pop(event.peer_id, ()):
+                    request.fail(UnknownPeer(event.peer_id))
+
+    def _unpark(self, request: _Request) -> None:
+        peer_id = request.op.peer_id
+        waiting = self._parked.get(peer_id)
+        if waiting is not None:
+            waiting.remove(request)
+            if not waiting:
+                del self._parked[peer_id]
+
+    def _answer_all_parked(self) -> None:
+        parked, self._parked = self._parked, {}
+        self._park_deadlines.clear()
+        for requests in parked.values():
+            for request in requests:
+                request.succeed(False)
