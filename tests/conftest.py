@@ -1,0 +1,27 @@
+import pytest
+
+from .nodes import NodeProcess
+
+# The configuration most process tests use: Throttle's README semaphores plus odd names.
+NODE_CONFIG = """
+[semaphores]
+A = 1
+B = { max = 1, level = 1 }
+C = 5
+"a/b&c%" = 2
+"ünï code" = 1
+"""
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A fresh node process per test."""
+    with NodeProcess(NODE_CONFIG, workdir=tmp_path) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def shared_node(tmp_path_factory):
+    """One node process for a whole module of tests that do not disturb each other."""
+    with NodeProcess(NODE_CONFIG, workdir=tmp_path_factory.mktemp("node")) as process:
+        yield process

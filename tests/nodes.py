@@ -1,0 +1,120 @@
+"""Start real node processes for tests and benchmarks: loopback only, every wait bounded."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+STARTUP_TIMEOUT = 20.0
+_LISTENING = re.compile(r"Listening on (http://[^\s]+)")
+
+
+class NodeProcess:
+    """One `python -m sluicegate.node` process, started with `--port 0` unless a port is given."""
+
+    def __init__(self, config_text: str, port: int = 0, workdir: Path | None = None) -> None:
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sluicegate-node-"))
+        self.config_path = self.workdir / "node.toml"
+        self.config_path.write_text(config_text, encoding="utf-8")
+        self.port = port
+        self.url: str | None = None
+        self.process: subprocess.Popen | None = None
+        self._log_path = self.workdir / "node.log"
+        self._log_offset = 0
+
+    def start(self) -> NodeProcess:
+        self._log_offset = self._log_path.stat().st_size if self._log_path.exists() else 0
+        log = open(self._log_path, "ab")
+        env = dict(os.environ, SLUICEGATE_LOG=os.environ.get("SLUICEGATE_TEST_LOG", "INFO"))
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluicegate.node",
+                "-c",
+                str(self.config_path),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=log,
+            stderr=log,
+            cwd=self.workdir,
+            env=env,
+        )
+        log.close()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.new_log())
+            if match:
+                self.url = match.group(1)
+                self.port = int(self.url.rsplit(":", 1)[1])
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"node exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"node did not listen within {STARTUP_TIMEOUT}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self._log_path.read_text(encoding="utf-8", errors="replace")
+
+    def new_log(self) -> str:
+        """What this run of the process logged (a restart appends to the same file)."""
+        return self.log()[self._log_offset :]
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 10.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: the node loses all its memory at once."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.signal(signal.SIGTERM)
+        try:
+            return self.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def restart(self) -> NodeProcess:
+        """Start again on the same port (after kill or stop)."""
+        return self.start()
+
+    def __enter__(self) -> NodeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def wait_healthy(url: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

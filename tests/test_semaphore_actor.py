@@ -1,0 +1,157 @@
+"""The semaphore actor under trio's virtual clock: long polls, expiry wake-ups, shutdown.
+
+pytest-trio only runs a test under a clock that the test itself asks for, hence `autojump_clock` in
+every signature.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+
+from sluicegate.cluster.errors import UnknownPeer, UnknownSemaphore
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    IsAcquired,
+    NewPeer,
+    ReleaseLock,
+    ReleasePeer,
+    Remainder,
+)
+from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
+from sluicegate.node.semaphore_actor import SemaphoreActor
+
+
+@pytest.fixture
+async def actor(nursery):
+    actor = SemaphoreActor(
+        SemaphoreCore({"A": SemaphoreConfig(1), "C": SemaphoreConfig(5)}), rng=random.Random(7)
+    )
+    await nursery.start(actor.run)
+    yield actor
+    actor.close()
+
+
+async def test_blocked_acquire_answers_at_the_grant(autojump_clock, actor, nursery):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(60))
+    assert await actor.call(Acquire(holder, "A", 1)) is True
+
+    async def release_later() -> None:
+        await trio.sleep(3)
+        await actor.call(ReleaseLock(holder, "A"))
+
+    nursery.start_soon(release_later)
+    started = trio.current_time()
+    assert await actor.call(Acquire(waiter, "A", 1, block_for=10)) is True
+    assert trio.current_time() - started == pytest.approx(3)
+
+
+async def test_blocked_acquire_gives_up_after_block_for(autojump_clock, actor):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(60))
+    await actor.call(Acquire(holder, "A", 1))
+    started = trio.current_time()
+    assert await actor.call(Acquire(waiter, "A", 1, block_for=5)) is False
+    assert trio.current_time() - started == pytest.approx(5)
+    # The lock stays pending after the poll ran out.
+    assert await actor.call(IsAcquired(waiter)) is False
+
+
+async def test_actor_wakes_itself_at_the_next_expiry(autojump_clock, actor):
+    holder = await actor.call(NewPeer(10))
+    waiter = await actor.call(NewPeer(60))
+    await actor.call(Acquire(holder, "A", 1))
+    started = trio.current_time()
+    # Nothing else happens: only the actor's own wake-up at t=10 can expire the holder.
+    assert await actor.call(Acquire(waiter, "A", 1, block_for=100)) is True
+    assert trio.current_time() - started == pytest.approx(10)
+    with pytest.raises(UnknownPeer):
+        await actor.call(IsAcquired(holder))
+
+
+async def test_blocked_acquire_fails_when_its_peer_expires(autojump_clock, actor):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(4))
+    await actor.call(Acquire(holder, "A", 1))
+    started = trio.current_time()
+    with pytest.raises(UnknownPeer):
+        await actor.call(Acquire(waiter, "A", 1, block_for=30))
+    assert trio.current_time() - started == pytest.approx(4)
+
+
+async def test_blocked_acquire_fails_when_its_peer_is_deleted(autojump_clock, actor, nursery):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(60))
+    await actor.call(Acquire(holder, "A", 1))
+
+    async def delete_later() -> None:
+        await trio.sleep(1)
+        assert await actor.call(ReleasePeer(waiter)) is True
+
+    nursery.start_soon(delete_later)
+    with pytest.raises(UnknownPeer):
+        await actor.call(Acquire(waiter, "A", 1, block_for=30))
+
+
+async def test_domain_errors_reach_the_caller(autojump_clock, actor):
+    peer = await actor.call(NewPeer(60))
+    with pytest.raises(UnknownSemaphore):
+        await actor.call(Acquire(peer, "nope", 1))
+    # The actor keeps serving after an error.
+    assert await actor.call(Remainder("A")) == 1
+
+
+async def test_stop_blocking_answers_parked_acquires(autojump_clock, actor, nursery):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(60))
+    await actor.call(Acquire(holder, "A", 1))
+    answers = []
+
+    async def poll() -> None:
+        answers.append(await actor.call(Acquire(waiter, "A", 1, block_for=1000)))
+
+    nursery.start_soon(poll)
+    await trio.testing.wait_all_tasks_blocked()
+    started = trio.current_time()
+    await actor.stop_blocking()
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == [False]
+    assert trio.current_time() == started
+    # After that, acquires answer at once instead of parking.
+    assert await actor.call(Acquire(waiter, "A", 1, block_for=1000)) is False
+    assert trio.current_time() == started
+
+
+async def test_many_concurrent_callers_are_served_in_arrival_order(autojump_clock, actor):
+    peers = [await actor.call(NewPeer(600)) for _ in range(50)]
+    granted: list[int] = []
+
+    # Each asks for the full count, so grants happen one per release and their order is visible
+    # (trio shuffles the wake-up order of tasks that become runnable in the same step).
+    async def take(peer: int) -> None:
+        assert await actor.call(Acquire(peer, "C", 5, block_for=600)) is True
+        granted.append(peer)
+        await trio.sleep(1)
+        await actor.call(ReleaseLock(peer, "C"))
+
+    async with trio.open_nursery() as nursery:
+        for peer in peers:
+            nursery.start_soon(take, peer)
+            await trio.testing.wait_all_tasks_blocked()
+    assert granted == peers
+    assert await actor.call(Remainder("C")) == 5
+
+
+async def test_stats_report_waiting_time(autojump_clock, actor, nursery):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(60))
+    await actor.call(Acquire(holder, "A", 1))
+    await actor.call(Acquire(waiter, "A", 1))
+    await trio.sleep(7.5)
+    stats = {s.name: s for s in await actor.stats()}
+    assert stats["A"].acquired == 1
+    assert stats["A"].pending == 1
+    assert stats["A"].longest_pending == pytest.approx(7.5)
