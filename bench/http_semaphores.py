@@ -88,7 +88,7 @@ async def peer_loop(host, port, stop_at, latencies: list[float], cycles: list[in
 
 async def scenario(host: str, port: int, peers: int, duration: float) -> dict:
     # A short warm-up, then the measured run.
-    for seconds, keep in ((min(1.0, duration / 5), False), (duration, True)):
+    for seconds in (min(1.0, duration / 5), duration):
         latencies: list[float] = []
         cycles: list[int] = []
         stop_at = time.perf_counter() + seconds
@@ -110,7 +110,9 @@ async def scenario(host: str, port: int, peers: int, duration: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per scenario")
-    parser.add_argument("--url", help="an already running node with a semaphore `bench` (max >= 32)")
+    parser.add_argument(
+        "--url", help="an already running node with a semaphore `bench` (max >= 32)"
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON as well")
     args = parser.parse_args()
 

@@ -1,8 +1,8 @@
 """Human-readable durations exactly as Throttle reads them (Rust's `humantime::parse_duration`).
 
-`"5m"`, `"30s"`, `"250ms"`, `"1h 30m"`, `"1h30m"`, `"2 days"`: numbers followed by units, components
-summed. `m` is minutes and `M` months. The error texts are humantime's, because Throttle puts them in
-its 400/422 answers.
+`"5m"`, `"30s"`, `"250ms"`, `"1h 30m"`, `"1h30m"`, `"2 days"`: numbers followed by units,
+components summed. `m` is minutes and `M` months. The error texts are humantime's, because
+Throttle puts them in its 400/422 answers.
 """
 
 from __future__ import annotations
@@ -114,4 +114,3 @@ def parse_duration(text: str) -> float:
 
 def _rust_debug(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-

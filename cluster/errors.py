@@ -1,7 +1,7 @@
 """Domain errors of the semaphore core.
 
-They carry data, never wire text: the shells (HTTP, and later the WebSocket protocol) map each type to
-a status and a body in one place. The names follow Throttle's error kinds one to one.
+They carry data, never wire text: the shells (HTTP, and later the WebSocket protocol) map each
+type to a status and a body in one place. The names follow Throttle's error kinds one to one.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class InvalidLockCount(SemaphoreError):
 
 
 class RestoreConflict(SemaphoreError):
-    """A restore tried to change a peer that exists with other locks (Throttle's `ChangeThroughRestore`)."""
+    """A restore tried to change an existing peer (Throttle's `ChangeThroughRestore`)."""
 
 
 class ShrinkingLockCount(SemaphoreError):

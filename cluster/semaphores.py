@@ -1,9 +1,9 @@
 """The semaphore core: peers, locks, strict FIFO waiting, lock levels, expiry and restore.
 
-A sans-IO state machine in the manner of h11: the caller passes `now` into every operation that reads
-the clock, asks `next_deadline()` when to call `expire(now)` again, and collects what happened to
-other peers with `events()`. Every rule of Throttle's semaphore API lives here, checked in exactly the
-order THROTTLE_API.md gives; nothing here knows about HTTP.
+A sans-IO state machine in the manner of h11: the caller passes `now` into every operation that
+reads the clock, asks `next_deadline()` when to call `expire(now)` again, and collects what happened
+to other peers with `events()`. Every rule of Throttle's semaphore API lives here, checked in
+exactly the order THROTTLE_API.md gives; nothing here knows about HTTP.
 
 Cost: acquire, release and heartbeat are O(log n) in the number of peers (the expiry heap); granting
 waiters after a release is O(1) per granted waiter, because each semaphore keeps its waiters in an

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from .http_shell import Request, Response, ThrottleApi, handle
+from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .semaphore_actor import SemaphoreActor
 
 
 class NodeApp:
     def __init__(self, actor: SemaphoreActor) -> None:
-        self.throttle = ThrottleApi(actor)
+        self.router = Router(ThrottleApi(actor))
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             request = Request(scope, receive)
-            response = await handle(self.throttle, request)
+            response = await handle(self.router, request)
             await _send(send, response, head=request.method == "HEAD")
         elif scope["type"] == "lifespan":
             while True:

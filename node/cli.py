@@ -29,9 +29,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="TOML configuration file (default: throttle.toml in the working directory, "
         "if present)",
     )
-    parser.add_argument("--address", default="127.0.0.1", help="address to bind (default: %(default)s)")
     parser.add_argument(
-        "--port", type=int, default=8000, help="port to bind, 0 for any free one (default: %(default)s)"
+        "--address", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="port to bind, 0 for any free one (default: %(default)s)",
     )
     return parser.parse_args(argv)
 

@@ -101,7 +101,8 @@ def _log_level(table: object, source: str) -> str | None:
         return None
     level = stderr["level"]
     if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+        choices = ", ".join(LOG_LEVELS)
         raise ConfigError(
-            f"{source}: logging.stderr.level must be one of {', '.join(LOG_LEVELS)}, found {level!r}"
+            f"{source}: logging.stderr.level must be one of {choices}, found {level!r}"
         )
     return level.upper()

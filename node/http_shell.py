@@ -275,7 +275,7 @@ class ThrottleApi:
         def acquired_map(value: object, path: str) -> dict[str, int]:
             if not isinstance(value, dict):
                 raise serde.ShapeError(
-                    f"{path}: invalid type: {serde._unexpected(value)}, expected a map"
+                    f"{path}: invalid type: {serde.describe(value)}, expected a map"
                 )
             return {
                 name: serde.integer(count, serde.I64, "i64", f"{path}.{name}")
@@ -302,42 +302,46 @@ class ThrottleApi:
 GET = ("GET", "HEAD")
 
 
-def route(api: ThrottleApi, path: bytes) -> dict[str, Callable] | None:
-    """The handlers of the route `path` matches, by method; None if no route matches.
+class Router:
+    """Maps a raw (still percent-encoded) path to its handlers by method."""
 
-    Handlers are partially applied to the path's parameters (raw, still percent-encoded bytes).
-    """
-    static = {
-        b"/": {"GET": api.index},
-        b"/health": {"GET": api.health},
-        b"/version": {"GET": api.version},
-        b"/favicon.ico": {"GET": api.favicon},
-        b"/metrics": {"GET": api.metrics},
-        b"/new_peer": {"POST": api.new_peer},
-        b"/peers/": {"GET": api.list_peers},
-        b"/remainder": {"GET": api.remainder},
-        b"/restore": {"POST": api.restore},
-    }.get(path)
-    if static is not None:
-        return static
-    parts = path.split(b"/")
-    if len(parts) < 3 or parts[0] != b"" or parts[1] != b"peers" or not all(parts[2:]):
-        return None
-    peer = parts[2]
-    if len(parts) == 3:
-        return {
-            "PUT": lambda r: api.heartbeat(r, peer),
-            "DELETE": lambda r: api.release_peer(r, peer),
+    def __init__(self, api: ThrottleApi) -> None:
+        self.api = api
+        self.static = {
+            b"/": {"GET": api.index},
+            b"/health": {"GET": api.health},
+            b"/version": {"GET": api.version},
+            b"/favicon.ico": {"GET": api.favicon},
+            b"/metrics": {"GET": api.metrics},
+            b"/new_peer": {"POST": api.new_peer},
+            b"/peers/": {"GET": api.list_peers},
+            b"/remainder": {"GET": api.remainder},
+            b"/restore": {"POST": api.restore},
         }
-    if len(parts) == 4 and parts[3] == b"is_acquired":
-        return {"GET": lambda r: api.is_acquired(r, peer)}
-    if len(parts) == 4:
+
+    def route(self, path: bytes) -> dict[str, Callable] | None:
+        """Handlers by method, partially applied to the path's parameters; None if no route."""
+        static = self.static.get(path)
+        if static is not None:
+            return static
+        parts = path.split(b"/")
+        if len(parts) not in (3, 4) or parts[0] != b"" or parts[1] != b"peers":
+            return None
+        if not all(parts[2:]):
+            return None
+        api, peer = self.api, parts[2]
+        if len(parts) == 3:
+            return {
+                "PUT": lambda r: api.heartbeat(r, peer),
+                "DELETE": lambda r: api.release_peer(r, peer),
+            }
+        if parts[3] == b"is_acquired":  # the static segment wins over {semaphore}
+            return {"GET": lambda r: api.is_acquired(r, peer)}
         semaphore = parts[3]
         return {
             "PUT": lambda r: api.acquire(r, peer, semaphore),
             "DELETE": lambda r: api.release_lock(r, peer, semaphore),
         }
-    return None
 
 
 def allow_header(methods: dict[str, Callable]) -> bytes:
@@ -348,8 +352,8 @@ def allow_header(methods: dict[str, Callable]) -> bytes:
     return ",".join(allowed).encode()
 
 
-async def handle(api: ThrottleApi, request: Request) -> Response:
-    handlers = route(api, request.raw_path)
+async def handle(router: Router, request: Request) -> Response:
+    handlers = router.route(request.raw_path)
     if handlers is None:
         return Response(404, NOT_FOUND_PAGE, HTML)
     method = "GET" if request.method == "HEAD" else request.method

@@ -3,7 +3,8 @@
 Every request carries its own reply slot. The task drains everything queued into one batch per
 wake-up, applies it in arrival order, and otherwise sleeps until the core's next expiry or the next
 blocked acquire runs out of patience. Acquires with `block_for` park here, in the actor, and are
-answered the moment their peer holds all its locks, fails (peer deleted or expired), or the time is up.
+answered the moment their peer holds all its locks, fails (peer deleted or expired), or the time
+is up.
 """
 
 from __future__ import annotations

@@ -40,7 +40,9 @@ _SYNTAX_WORDS = {
     "Expecting ':' delimiter": "expected `:`",
     "Expecting ',' delimiter": "expected `,` or `}`",
     "Unterminated string starting at": "EOF while parsing a string",
-    "Invalid control character at": "control character (\\u0000-\\u001F) found while parsing a string",
+    "Invalid control character at": (
+        "control character (\\u0000-\\u001F) found while parsing a string"
+    ),
     "Invalid \\escape": "invalid escape",
     "Invalid \\uXXXX escape": "invalid escape",
 }
@@ -72,7 +74,7 @@ def parse_json(body: bytes) -> object:
 # -- shapes -----------------------------------------------------------------------------------
 
 
-def _unexpected(value: object) -> str:
+def describe(value: object) -> str:
     """How serde names a value it did not expect."""
     if value is None:
         return "null"
@@ -95,15 +97,15 @@ def _at(path: str, message: str) -> ShapeError:
 
 def integer(value: object, bounds: tuple[int, int], type_name: str, path: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _at(path, f"invalid type: {_unexpected(value)}, expected {type_name}")
+        raise _at(path, f"invalid type: {describe(value)}, expected {type_name}")
     if not bounds[0] <= value <= bounds[1]:
-        raise _at(path, f"invalid value: {_unexpected(value)}, expected {type_name}")
+        raise _at(path, f"invalid value: {describe(value)}, expected {type_name}")
     return value
 
 
 def duration(value: object, path: str = "") -> float:
     if not isinstance(value, str):
-        raise _at(path, f"invalid type: {_unexpected(value)}, expected a duration")
+        raise _at(path, f"invalid type: {describe(value)}, expected a duration")
     try:
         return parse_duration(value)
     except DurationError as error:
@@ -113,7 +115,7 @@ def duration(value: object, path: str = "") -> float:
 def struct(value: object, name: str, fields: dict[str, Callable[[object, str], object]]) -> dict:
     """Check a JSON object against `fields` (name -> converter(value, path)); extra keys ignored."""
     if not isinstance(value, dict):
-        raise ShapeError(f"invalid type: {_unexpected(value)}, expected struct {name}")
+        raise ShapeError(f"invalid type: {describe(value)}, expected struct {name}")
     result = {}
     for key, convert in fields.items():
         if key not in value:

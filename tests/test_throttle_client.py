@@ -182,9 +182,7 @@ def test_sigterm_stops_within_a_second_with_exit_code_zero(node):
     results = []
     # A long poll in flight must not hold the shutdown up.
     thread = threading.Thread(
-        target=lambda: results.append(
-            client.acquire(waiting, "A", block_for=timedelta(seconds=30))
-        )
+        target=lambda: results.append(client.acquire(waiting, "A", block_for=timedelta(seconds=30)))
     )
     thread.start()
     time.sleep(0.3)
