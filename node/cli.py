@@ -53,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     for message in (notice, complaint):
         if message:
             log.warning(message)
+    bind_error = None
     try:
         trio.run(run_node, config, args.address, args.port)
-    except OSError as error:
-        log.error("Cannot serve on %s:%s: %s", args.address, args.port, error)
+    except* OSError as group:
+        bind_error = group.exceptions[0]
+    if bind_error is not None:
+        log.error("Cannot serve on %s:%s: %s", args.address, args.port, bind_error)
         return 1
     return 0

@@ -29,8 +29,6 @@ async def run_node(
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGTERM or SIGINT; `task_status.started` receives the bound URL."""
-    if not config.semaphores:
-        log.warning("No semaphores configured.")
     actor = SemaphoreActor(SemaphoreCore(config.semaphores))
     hypercorn = HypercornConfig()
     hypercorn.bind = [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"]
@@ -44,6 +42,9 @@ async def run_node(
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
+            # Said only now, so that whoever waits for this line can already stop us cleanly.
+            if not config.semaphores:
+                log.warning("No semaphores configured.")
             async for signum in signals:
                 log.info("Received %s, shutting down.", signal.Signals(signum).name)
                 await actor.stop_blocking()
