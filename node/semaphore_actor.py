@@ -19,7 +19,7 @@ from collections.abc import Callable
 import trio
 
 from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
-from sluicegate.cluster.semaphore_ops import Acquire, Operation, apply
+from sluicegate.cluster.semaphore_ops import Acquire, Operation, Restore, apply
 from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
 
 log = logging.getLogger("sluicegate.semaphores")
@@ -172,6 +172,11 @@ class SemaphoreActor:
                 )
             else:
                 message.succeed(result)
+            if isinstance(op, Restore):
+                # Throttle warns about revenants too: frequent ones mean expiries are too short.
+                log.warning(
+                    "Revenant peer %d restored with locks %s.", op.peer_id, dict(op.acquired)
+                )
         self._dispatch_events()
 
     def _dispatch_events(self) -> None:
