@@ -183,12 +183,14 @@ def _path_text(segment: bytes, name: str) -> str:
         raise Rejection(text(f"Invalid URL: Invalid UTF-8 in `{name}`", 400)) from None
 
 
-def _peer_id(segment: bytes) -> int:
+def _peer_id(segment: bytes, *, in_tuple: bool = False) -> int:
     value = _path_text(segment, "id")
     digits = value[1:] if value.startswith("+") else value
     if digits.isascii() and digits.isdigit() and int(digits) < 2**64:
         return int(digits)
-    raise Rejection(text(f"Invalid URL: Cannot parse `{value}` to a `u64`", 400))
+    # axum words it differently when the id is the first of two path parameters.
+    where = f"value at index 0 with value `{value}`" if in_tuple else f"`{value}`"
+    raise Rejection(text(f"Invalid URL: Cannot parse {where} to a `u64`", 400))
 
 
 def _semaphore_name(segment: bytes) -> str:
@@ -245,7 +247,7 @@ class ThrottleApi:
         return json_response("Peer released" if released else "Peer not found")
 
     async def acquire(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
-        peer_id = _peer_id(peer)
+        peer_id = _peer_id(peer, in_tuple=True)
         name = _semaphore_name(semaphore)
         query = _query(
             request, {"expires_in": serde.query_duration, "block_for": serde.query_duration}
@@ -258,7 +260,7 @@ class ThrottleApi:
         return json_response(peer_id, 200 if acquired else 202)
 
     async def release_lock(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
-        peer_id = _peer_id(peer)
+        peer_id = _peer_id(peer, in_tuple=True)
         await self.actor.call(ReleaseLock(peer_id, _semaphore_name(semaphore)))
         return text("Ok")
 

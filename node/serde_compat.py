@@ -113,7 +113,19 @@ def duration(value: object, path: str = "") -> float:
 
 
 def struct(value: object, name: str, fields: dict[str, Callable[[object, str], object]]) -> dict:
-    """Check a JSON object against `fields` (name -> converter(value, path)); extra keys ignored."""
+    """Check a JSON object against `fields` (name -> converter(value, path)); extra keys ignored.
+
+    Like serde, a struct may also come as an array of its fields in declaration order.
+    """
+    if isinstance(value, list):
+        if len(value) < len(fields):
+            raise ShapeError(
+                f"invalid length {len(value)}, expected struct {name} with {len(fields)} "
+                f"element{'s' if len(fields) != 1 else ''}"
+            )
+        if len(value) > len(fields):
+            raise ShapeError(f"invalid length {len(value)}, expected fewer elements in array")
+        value = dict(zip(fields, value, strict=True))
     if not isinstance(value, dict):
         raise ShapeError(f"invalid type: {describe(value)}, expected struct {name}")
     result = {}
