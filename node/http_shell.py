@@ -2,7 +2,7 @@
 
 Only bytes and errors live here: routing, decoding, and the single table that maps domain errors to
 statuses and bodies. Every decision is the semaphore core's, reached through the actor.
-See ../shared/THROTTLE_API.md (in the repository's docs) for the contract this file keeps.
+The contract this file keeps is THROTTLE_API.md in the team's shared documents.
 """
 
 from __future__ import annotations
