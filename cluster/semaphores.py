@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import (
@@ -244,9 +244,6 @@ class SemaphoreCore:
             longest = now - oldest[1] if oldest is not None else 0.0
             result.append(SemaphoreStats(sem.name, sem.max, sem.acquired, sem.pending, longest))
         return result
-
-    def semaphore_names(self) -> Iterable[str]:
-        return self._semaphores.keys()
 
     # -- internals ---------------------------------------------------------------------------
 
