@@ -1,0 +1,182 @@
+"""Membership: who is in the cluster, by gossiped heartbeats and failure detection by silence.
+
+Every node keeps one entry per node id: its address, its *generation* (a number that grows with each
+start of that node, so a restarted node is recognisably a new life) and its *heartbeat* (a counter
+the node bumps on every tick). Nodes periodically send their whole table to a few others; a receiver
+keeps whichever entry has the larger (generation, heartbeat). An entry that stops advancing for
+`down_after` seconds of the receiver's own clock marks that member down; no node trusts another's
+clock. A node leaving gracefully gossips its entry once more with `left` set, which spreads like any
+newer entry and takes the member out at once instead of after the timeout.
+
+Pure: `now` and the random source come in as arguments; messages to send come out as values.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DEFAULT_DOWN_AFTER = 3.0
+DEFAULT_FANOUT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class MemberState:
+    """One node's entry as gossiped."""
+
+    node_id: str
+    address: str
+    generation: int
+    heartbeat: int
+    left: bool = False
+
+    @property
+    def version(self) -> tuple[int, int, bool]:
+        # At equal (generation, heartbeat), the goodbye wins.
+        return (self.generation, self.heartbeat, self.left)
+
+
+@dataclass(frozen=True, slots=True)
+class Gossip:
+    sender: str
+    members: tuple[MemberState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberUp:
+    """A member joined, came back, or restarted (a new generation: it lost its memory)."""
+
+    node_id: str
+    address: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDown:
+    node_id: str
+    left: bool  # True: said goodbye; False: fell silent
+
+
+MembershipEvent = MemberUp | MemberDown
+
+
+class _Entry:
+    __slots__ = ("state", "changed_at", "alive")
+
+    def __init__(self, state: MemberState, changed_at: float, alive: bool) -> None:
+        self.state = state
+        self.changed_at = changed_at
+        self.alive = alive
+
+
+class Membership:
+    def __init__(
+        self,
+        node_id: str,
+        address: str,
+        generation: int,
+        seeds: Iterable[str] = (),
+        *,
+        down_after: float = DEFAULT_DOWN_AFTER,
+        fanout: int = DEFAULT_FANOUT,
+    ) -> None:
+        self.node_id = node_id
+        self.down_after = down_after
+        self.fanout = fanout
+        self._me = MemberState(node_id, address, generation, 0)
+        self._seeds = [seed for seed in dict.fromkeys(seeds) if seed != address]
+        self._others: dict[str, _Entry] = {}
+        self._events: list[MembershipEvent] = []
+
+    # -- queries ----------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return self._me.address
+
+    def live_members(self) -> dict[str, str]:
+        """node id -> address of every member believed alive, this node included unless it left."""
+        live = {} if self._me.left else {self.node_id: self._me.address}
+        for node_id, entry in self._others.items():
+            if entry.alive:
+                live[node_id] = entry.state.address
+        return live
+
+    def state_of(self, node_id: str) -> MemberState | None:
+        if node_id == self.node_id:
+            return self._me
+        entry = self._others.get(node_id)
+        return entry.state if entry is not None else None
+
+    def events(self) -> list[MembershipEvent]:
+        events, self._events = self._events, []
+        return events
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def tick(self, now: float, rng: random.Random) -> list[tuple[str, Gossip]]:
+        """Advance our heartbeat, mark silent members down, and say what to gossip to whom."""
+        if self._me.left:
+            return []
+        me = self._me
+        self._me = MemberState(me.node_id, me.address, me.generation, me.heartbeat + 1)
+        for node_id, entry in sorted(self._others.items()):
+            if entry.alive and now - entry.changed_at > self.down_after:
+                entry.alive = False
+                self._events.append(MemberDown(node_id, left=False))
+
+        alive = sorted(e.state.address for e in self._others.values() if e.alive)
+        down = sorted(
+            e.state.address for e in self._others.values() if not e.alive and not e.state.left
+        )
+        targets = rng.sample(alive, min(self.fanout, len(alive)))
+        # One silent member per tick, so a healed partition is noticed; one seed, so clusters that
+        # formed apart (or a node that knows nobody yet) find each other.
+        if down:
+            targets.append(rng.choice(down))
+        seeds = [seed for seed in self._seeds if seed not in targets]
+        if seeds:
+            if not alive:
+                targets.extend(seeds)
+            else:
+                targets.append(rng.choice(seeds))
+        gossip = self._gossip()
+        return [(target, gossip) for target in dict.fromkeys(targets)]
+
+    def receive(self, gossip: Gossip, now: float) -> None:
+        for state in gossip.members:
+            if state.node_id == self.node_id:
+                continue  # nobody knows better than we do who we are
+            entry = self._others.get(state.node_id)
+            if entry is None:
+                entry = self._others[state.node_id] = _Entry(state, now, alive=False)
+                if not state.left:
+                    entry.alive = True
+                    self._events.append(MemberUp(state.node_id, state.address, state.generation))
+                continue
+            if state.version <= entry.state.version:
+                continue
+            previous = entry.state
+            entry.state = state
+            entry.changed_at = now
+            if state.left:
+                if entry.alive:
+                    entry.alive = False
+                    self._events.append(MemberDown(state.node_id, left=True))
+            elif not entry.alive or state.generation != previous.generation:
+                entry.alive = True
+                self._events.append(MemberUp(state.node_id, state.address, state.generation))
+
+    def leave(self) -> list[tuple[str, Gossip]]:
+        """Say goodbye: the final gossip, to every member believed alive."""
+        me = self._me
+        self._me = MemberState(me.node_id, me.address, me.generation, me.heartbeat + 1, left=True)
+        gossip = self._gossip()
+        return [(e.state.address, gossip) for _, e in sorted(self._others.items()) if e.alive]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _gossip(self) -> Gossip:
+        states = [self._me, *(entry.state for _, entry in sorted(self._others.items()))]
+        return Gossip(self.node_id, tuple(states))
