@@ -1,0 +1,223 @@
+"""The home's side of peers: expiry, held and pending locks, and every peer-level rule.
+
+In a cluster, a peer's home (the ring owner of its id) serialises the peer's operations across
+semaphores owned by other nodes: it runs acquire checks 1 to 8 of THROTTLE_API.md (configuration,
+expiry update, count, unknown peer, idempotency, levels, one pending lock) and only then asks the
+semaphore's owner for check 9, whether the count fits. The peer counts as pending from that moment
+until the owner's grant arrives (`granted`).
+
+Pure: `now` comes in; expiry is driven by `next_deadline()` and `expire(now)` over a lazy heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import (
+    AlreadyPending,
+    InvalidLockCount,
+    LockHierarchyViolation,
+    LockNeverAcquirable,
+    RestoreConflict,
+    ShrinkingLockCount,
+    UnknownPeer,
+    UnknownSemaphore,
+)
+from .semaphore_leases import SemaphoreConfig
+
+
+@dataclass(frozen=True)
+class PeerRemoved:
+    """A peer is gone, deleted by its client or expired; a request waiting for it must fail."""
+
+    peer_id: int
+    expired: bool
+
+
+@dataclass(frozen=True)
+class AskOwner:
+    """Acquire passed every peer-level check: the semaphore's owner decides (check 9)."""
+
+    semaphore: str
+    count: int
+
+
+class _Peer:
+    __slots__ = ("held", "pending", "expires_at")
+
+    def __init__(self, expires_at: float, held: dict[str, int]) -> None:
+        self.held = held
+        # The one lock this peer waits for, (semaphore, count), or None.
+        self.pending: tuple[str, int] | None = None
+        self.expires_at = expires_at
+
+    def locks(self) -> list[str]:
+        """Semaphores this peer holds or waits for: what its owners must release when it goes."""
+        names = list(self.held)
+        if self.pending is not None:
+            names.append(self.pending[0])
+        return names
+
+
+class PeerTable:
+    def __init__(self, semaphores: Mapping[str, SemaphoreConfig]) -> None:
+        self._config = dict(semaphores)
+        self._peers: dict[int, _Peer] = {}
+        # (expires_at, peer_id); an entry is stale once the peer is gone or its expiry moved.
+        self._expiry: list[tuple[float, int]] = []
+
+    # -- peers -------------------------------------------------------------------------------
+
+    def new_peer(self, expires_at: float, rng: random.Random) -> int:
+        while True:
+            peer_id = rng.getrandbits(64)
+            if peer_id not in self._peers:
+                break
+        self._add(peer_id, _Peer(expires_at, {}))
+        return peer_id
+
+    def heartbeat(self, peer_id: int, expires_at: float) -> None:
+        self._set_expiry(self._peer(peer_id), peer_id, expires_at)
+
+    def remove(self, peer_id: int) -> list[str] | None:
+        """Delete a peer; the semaphores its owners must release, or None if it was not there."""
+        peer = self._peers.pop(peer_id, None)
+        return peer.locks() if peer is not None else None
+
+    def is_acquired(self, peer_id: int) -> bool:
+        return self._peer(peer_id).pending is None
+
+    def peer_ids(self) -> list[int]:
+        return list(self._peers)
+
+    def has_peer(self, peer_id: int) -> bool:
+        return peer_id in self._peers
+
+    # -- locks -------------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        peer_id: int,
+        semaphore: str,
+        count: int,
+        now: float,
+        expires_in: float | None = None,
+    ) -> bool | AskOwner:
+        """Checks 1 to 8; the answer (all acquired?) when they settle it, else `AskOwner`."""
+        config = self._config.get(semaphore)
+        if config is None:
+            raise UnknownSemaphore(semaphore)
+        if count > config.max:
+            raise LockNeverAcquirable(count, config.max)
+        if expires_in is not None:
+            self._set_expiry(self._peer(peer_id), peer_id, now + expires_in)
+        if count < 1:
+            raise InvalidLockCount(count)
+        peer = self._peer(peer_id)
+
+        previous = peer.held.get(semaphore)
+        if previous is None and peer.pending is not None and peer.pending[0] == semaphore:
+            previous = peer.pending[1]
+        if previous is not None:
+            if count == previous:
+                return peer.pending is None
+            if count < previous:
+                raise ShrinkingLockCount()
+            raise LockHierarchyViolation(config.level, config.level)
+
+        if peer.held:
+            current = min(self._config[name].level for name in peer.held)
+            if current <= config.level:
+                raise LockHierarchyViolation(current, config.level)
+        if peer.pending is not None:
+            raise AlreadyPending()
+        peer.pending = (semaphore, count)
+        return AskOwner(semaphore, count)
+
+    def granted(self, peer_id: int, semaphore: str, count: int) -> bool:
+        """The owner granted the peer's pending lock; False if the peer no longer waits for it
+        (then the owner holds a lock nobody wants and must be told to release it)."""
+        peer = self._peers.get(peer_id)
+        if peer is None or peer.pending != (semaphore, count):
+            return False
+        peer.pending = None
+        peer.held[semaphore] = count
+        return True
+
+    def release_lock(self, peer_id: int, semaphore: str) -> bool:
+        """Release a held lock or withdraw the pending one; True if the owner must be told."""
+        if semaphore not in self._config:
+            raise UnknownSemaphore(semaphore)
+        peer = self._peer(peer_id)
+        if peer.held.pop(semaphore, None) is not None:
+            return True
+        if peer.pending is not None and peer.pending[0] == semaphore:
+            peer.pending = None
+            return True
+        return False
+
+    def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> bool:
+        """Recreate a forgotten peer holding `acquired`; True if created, False if an identical
+        peer exists already (accepted as it is, its expiry untouched)."""
+        for name in acquired:
+            if name not in self._config:
+                raise UnknownSemaphore(name)
+        for count in acquired.values():
+            if count < 1:
+                raise InvalidLockCount(count)
+        existing = self._peers.get(peer_id)
+        if existing is not None:
+            if existing.pending is None and existing.held == dict(acquired):
+                return False
+            raise RestoreConflict()
+        self._add(peer_id, _Peer(expires_at, dict(acquired)))
+        return True
+
+    # -- time --------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When `expire` has work to do next; None while there is no peer."""
+        self._drop_stale_expiry()
+        return self._expiry[0][0] if self._expiry else None
+
+    def expire(self, now: float) -> list[tuple[int, list[str]]]:
+        """Remove every peer whose deadline is at or before `now`: (peer id, its semaphores)."""
+        expired = []
+        while True:
+            self._drop_stale_expiry()
+            if not self._expiry or self._expiry[0][0] > now:
+                return expired
+            _, peer_id = heapq.heappop(self._expiry)
+            expired.append((peer_id, self._peers.pop(peer_id).locks()))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _peer(self, peer_id: int) -> _Peer:
+        peer = self._peers.get(peer_id)
+        if peer is None:
+            raise UnknownPeer(peer_id)
+        return peer
+
+    def _add(self, peer_id: int, peer: _Peer) -> None:
+        self._peers[peer_id] = peer
+        heapq.heappush(self._expiry, (peer.expires_at, peer_id))
+
+    def _set_expiry(self, peer: _Peer, peer_id: int, expires_at: float) -> None:
+        peer.expires_at = expires_at
+        heapq.heappush(self._expiry, (expires_at, peer_id))
+        # Every heartbeat leaves a stale entry behind; rebuild before they outnumber the peers.
+        if len(self._expiry) > 2 * len(self._peers) + 64:
+            self._expiry = [(p.expires_at, pid) for pid, p in self._peers.items()]
+            heapq.heapify(self._expiry)
+
+    def _drop_stale_expiry(self) -> None:
+        heap = self._expiry
+        while heap:
+            expires_at, peer_id = heap[0]
+            peer = self._peers.get(peer_id)
+            if peer is not None and peer.expires_at == expires_at:
+                return
+            heapq.heappop(heap)

@@ -1,0 +1,145 @@
+"""The owner's side of semaphores: who holds how much, who waits, and when a waiter is granted.
+
+In a cluster, the ring owner of a semaphore is the only authority for grants on it. This core is
+that authority: it sees requests that already passed every peer-level check at the peer's home
+(levels, one pending lock, idempotency) and decides only whether the count fits now or waits, in
+strict arrival order. Granting the next waiter costs O(1): each semaphore keeps its waiters in an
+insertion-ordered queue and only ever looks at the head.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .errors import UnknownSemaphore
+
+
+@dataclass(frozen=True)
+class SemaphoreConfig:
+    max: int
+    level: int = 0
+
+
+@dataclass(frozen=True)
+class LockGranted:
+    """A waiting lock was granted; its peer now holds all of its locks."""
+
+    peer_id: int
+    semaphore: str
+    count: int
+
+
+@dataclass(frozen=True)
+class SemaphoreStats:
+    name: str
+    max: int
+    acquired: int
+    pending: int
+    longest_pending: float
+
+
+class _Semaphore:
+    __slots__ = ("name", "max", "acquired", "pending", "holders", "queue")
+
+    def __init__(self, name: str, config: SemaphoreConfig) -> None:
+        self.name = name
+        self.max = config.max
+        self.acquired = 0
+        self.pending = 0
+        self.holders: dict[int, int] = {}
+        # Waiters in arrival order: peer id -> (count, waiting since).
+        self.queue: OrderedDict[int, tuple[int, float]] = OrderedDict()
+
+
+class SemaphoreLeases:
+    def __init__(self, semaphores: Mapping[str, SemaphoreConfig]) -> None:
+        self._semaphores = {name: _Semaphore(name, cfg) for name, cfg in semaphores.items()}
+        self._events: list[LockGranted] = []
+
+    def request(self, peer_id: int, semaphore: str, count: int, now: float) -> bool:
+        """A new lock asks for `count`: True if granted now, False if it waits in line.
+
+        It arrives last, so it may only be granted if everything already asked for (held or
+        waiting) leaves room; otherwise it would overtake the waiters.
+        """
+        sem = self._semaphore(semaphore)
+        if sem.acquired + sem.pending + count <= sem.max:
+            sem.holders[peer_id] = count
+            sem.acquired += count
+            return True
+        sem.queue[peer_id] = (count, now)
+        sem.pending += count
+        return False
+
+    def release(self, peer_id: int, semaphore: str) -> None:
+        """Release the peer's held lock or withdraw its waiting one, then grant who fits."""
+        sem = self._semaphore(semaphore)
+        if self._drop(peer_id, sem):
+            self._grant_waiters(sem)
+
+    def release_all(self, peer_id: int, semaphores: Iterable[str]) -> None:
+        """A peer is gone: drop all its locks first, then grant waiters semaphore by semaphore."""
+        affected = [sem for sem in map(self._semaphore, semaphores) if self._drop(peer_id, sem)]
+        for sem in affected:
+            self._grant_waiters(sem)
+
+    def restore(self, peer_id: int, semaphore: str, count: int) -> None:
+        """Count a lock a client says it holds, even beyond max: it is using the resource already.
+
+        Idempotent, so a repeated restore (a retry) counts once.
+        """
+        sem = self._semaphore(semaphore)
+        sem.acquired += count - sem.holders.get(peer_id, 0)
+        sem.holders[peer_id] = count
+
+    def remainder(self, semaphore: str) -> int:
+        sem = self._semaphore(semaphore)
+        return sem.max - sem.acquired
+
+    def stats(self, now: float) -> list[SemaphoreStats]:
+        result = []
+        for sem in self._semaphores.values():
+            oldest = next(iter(sem.queue.values()), None)
+            longest = now - oldest[1] if oldest is not None else 0.0
+            result.append(SemaphoreStats(sem.name, sem.max, sem.acquired, sem.pending, longest))
+        return result
+
+    def events(self) -> list[LockGranted]:
+        """Grants of waiting locks since the last call, in order."""
+        events, self._events = self._events, []
+        return events
+
+    def _semaphore(self, name: str) -> _Semaphore:
+        sem = self._semaphores.get(name)
+        if sem is None:
+            raise UnknownSemaphore(name)
+        return sem
+
+    def _drop(self, peer_id: int, sem: _Semaphore) -> bool:
+        count = sem.holders.pop(peer_id, None)
+        if count is not None:
+            sem.acquired -= count
+            return True
+        waiting = sem.queue.pop(peer_id, None)
+        if waiting is not None:
+            sem.pending -= waiting[0]
+            return True
+        return False
+
+    def _grant_waiters(self, sem: _Semaphore) -> None:
+        # Strict FIFO: stop at the first waiter that does not fit, so a large count is never
+        # starved by small ones arriving after it.
+        room = sem.max - sem.acquired
+        queue = sem.queue
+        while queue:
+            peer_id, (count, _) = next(iter(queue.items()))
+            if count > room:
+                return
+            queue.popitem(last=False)
+            room -= count
+            sem.pending -= count
+            sem.acquired += count
+            sem.holders[peer_id] = count
+            self._events.append(LockGranted(peer_id, sem.name, count))

@@ -1,0 +1,136 @@
+"""The two halves a cluster places on different nodes: the peer's home and the semaphore's owner.
+
+`SemaphoreCore` composes them in one process (covered by test_semaphore_core.py); these tests cover
+what only happens when messages between them take time: grants arriving late, withdrawn locks,
+repeated restores.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sluicegate.cluster.errors import AlreadyPending, UnknownPeer, UnknownSemaphore
+from sluicegate.cluster.peers import AskOwner, PeerTable
+from sluicegate.cluster.semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases
+
+CONFIG = {"A": SemaphoreConfig(2, level=0), "B": SemaphoreConfig(1, level=1)}
+
+
+@pytest.fixture
+def home():
+    return PeerTable(CONFIG)
+
+
+@pytest.fixture
+def owner():
+    return SemaphoreLeases(CONFIG)
+
+
+def test_home_asks_the_owner_and_counts_the_peer_pending_meanwhile(home):
+    peer = home.new_peer(60, random.Random(1))
+    assert home.acquire(peer, "A", 2, now=0) == AskOwner("A", 2)
+    assert home.is_acquired(peer) is False
+    # Asked again while the owner's answer is in flight: idempotent, still waiting.
+    assert home.acquire(peer, "A", 2, now=0) is False
+    with pytest.raises(AlreadyPending):
+        home.acquire(peer, "B", 1, now=0)
+    assert home.granted(peer, "A", 2) is True
+    assert home.is_acquired(peer) is True
+    assert home.acquire(peer, "A", 2, now=0) is True
+
+
+def test_a_late_grant_for_a_withdrawn_lock_is_refused(home):
+    peer = home.new_peer(60, random.Random(1))
+    home.acquire(peer, "A", 1, now=0)
+    assert home.release_lock(peer, "A") is True  # withdrawn: the owner must hear of it
+    assert home.granted(peer, "A", 1) is False
+    assert home.is_acquired(peer) is True
+
+
+def test_a_grant_for_a_peer_that_is_gone_is_refused(home):
+    peer = home.new_peer(60, random.Random(1))
+    home.acquire(peer, "A", 1, now=0)
+    assert home.remove(peer) == ["A"]
+    assert home.granted(peer, "A", 1) is False
+
+
+def test_a_grant_with_another_count_is_refused(home):
+    peer = home.new_peer(60, random.Random(1))
+    home.acquire(peer, "A", 1, now=0)
+    assert home.granted(peer, "A", 2) is False
+
+
+def test_home_release_reports_whether_the_owner_must_hear(home):
+    peer = home.new_peer(60, random.Random(1))
+    with pytest.raises(UnknownSemaphore):
+        home.release_lock(12345, "nope")  # semaphore before peer
+    with pytest.raises(UnknownPeer):
+        home.release_lock(12345, "A")
+    assert home.release_lock(peer, "A") is False
+
+
+def test_expiry_reports_the_locks_each_owner_must_release(home):
+    peer = home.new_peer(10, random.Random(1))
+    home.acquire(peer, "B", 1, now=0)
+    home.granted(peer, "B", 1)
+    home.acquire(peer, "A", 1, now=0)
+    assert home.expire(10) == [(peer, ["B", "A"])]
+    assert home.next_deadline() is None
+
+
+def test_owner_grants_in_arrival_order_across_homes(owner):
+    assert owner.request(1, "A", 2, now=0) is True
+    assert owner.request(2, "A", 1, now=1) is False
+    assert owner.request(3, "A", 1, now=2) is False
+    owner.release(1, "A")
+    assert owner.events() == [LockGranted(2, "A", 1), LockGranted(3, "A", 1)]
+    assert owner.remainder("A") == 0
+
+
+def test_owner_release_of_an_unknown_lock_changes_nothing(owner):
+    owner.request(1, "A", 1, now=0)
+    owner.release(99, "A")
+    assert owner.remainder("A") == 1
+    assert owner.events() == []
+
+
+def test_owner_restore_is_idempotent(owner):
+    owner.restore(7, "B", 1)
+    owner.restore(7, "B", 1)  # a retried message
+    assert owner.remainder("B") == 0
+    owner.restore(8, "B", 1)  # beyond max: counted, remainder negative
+    assert owner.remainder("B") == -1
+
+
+def test_owner_release_all_grants_after_dropping_everything(owner):
+    owner.request(1, "A", 2, now=0)
+    owner.request(1, "B", 1, now=0)
+    owner.request(2, "B", 1, now=1)
+    owner.request(3, "A", 2, now=2)
+    owner.release_all(1, ["A", "B"])
+    assert owner.events() == [LockGranted(3, "A", 2), LockGranted(2, "B", 1)]
+
+
+def test_home_and_owner_with_a_message_in_flight():
+    """A release overtakes the grant it triggers: the home refuses it, the owner is told."""
+    home, owner = PeerTable(CONFIG), SemaphoreLeases(CONFIG)
+    rng = random.Random(3)
+    holder, waiter = home.new_peer(60, rng), home.new_peer(60, rng)
+    for peer in (holder, waiter):
+        ask = home.acquire(peer, "B", 1, now=0)
+        if owner.request(peer, ask.semaphore, ask.count, now=0):
+            assert home.granted(peer, "B", 1)
+    assert home.is_acquired(waiter) is False
+
+    home.release_lock(holder, "B")
+    owner.release(holder, "B")
+    in_flight = owner.events()
+    assert in_flight == [LockGranted(waiter, "B", 1)]
+    home.release_lock(waiter, "B")  # the client gave up before the grant arrived
+    for grant in in_flight:
+        if not home.granted(grant.peer_id, grant.semaphore, grant.count):
+            owner.release(grant.peer_id, grant.semaphore)
+    assert owner.remainder("B") == 1
+    assert home.is_acquired(waiter) is True
