@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the package metadata changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean haproxy
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,19 @@ $(INSTALLED): pyproject.toml
 run: $(INSTALLED)
 	$(BIN)/sluicegate-node -c deploy/example.toml --address 127.0.0.1 --port 8000
 
-test: $(INSTALLED)
+test: $(INSTALLED) haproxy
 	$(BIN)/python -m pytest
+
+# tests/test_haproxy.py runs deploy/haproxy.cfg and fails without HAProxy: install it from Debian
+# packages if it is missing (as root, else through sudo). Debian puts it in /usr/sbin. `run` needs none.
+haproxy:
+	@PATH="$$PATH:/usr/sbin:/usr/local/sbin"; command -v haproxy >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "haproxy is missing; installing it needs root or sudo: apt-get install haproxy" >&2; \
+	    exit 1; fi; \
+	  echo "Installing haproxy (Debian package)"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
