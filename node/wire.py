@@ -119,6 +119,9 @@ class Codec:
         elif hint is str:
             if type(value) is str:
                 return value
+        elif hint is bytes:
+            if type(value) is bytes:
+                return value
         elif hint in self._tags:
             return self._from_wire(value, where, expected=hint)
         elif origin is tuple:

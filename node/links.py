@@ -1,0 +1,301 @@
+"""Node links: one authenticated WebSocket per pair of nodes, carrying batched message frames.
+
+* `Link` is everything this node has to say to one other node: an outbox that fills while the
+  connection is down and drains, whole, into one frame per wake-up while it is up, plus a receiver
+  that hands every decoded frame to the node.
+* `Links` keeps the links of one node: the node with the smaller id dials (redialling with
+  exponential backoff and jitter), the other accepts; either way the connection ends up carrying
+  its `Link`.
+* The handshake proves both ends know the cluster secret without sending it: the accepting node
+  sends a random challenge, the dialer answers with HMAC-SHA256(secret, challenge, both ids).
+
+Connections are anything with trio-websocket's `send_message`/`get_message`/`aclose`: a real
+WebSocket, or one over in-memory streams in tests and simulations. The dialer is injected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError
+
+from .wire import Codec, WireError
+
+log = logging.getLogger("sluicegate.links")
+
+HANDSHAKE_TIMEOUT = 5.0
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 5.0
+OUTBOX_LIMIT = 100_000
+# Close code for a link whose other end does not know the secret (4000-4999: private use).
+CLOSE_UNAUTHORIZED = 4401
+
+
+class MessageConnection(Protocol):
+    async def send_message(self, message: bytes) -> None: ...
+
+    async def get_message(self) -> bytes | str: ...
+
+    async def aclose(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
+# Connect to `address` and return the open connection; it lives as long as `nursery`.
+Dialer = Callable[[trio.Nursery, str], Awaitable[MessageConnection]]
+# Hands every frame received from node `remote_id` to the node.
+Deliver = Callable[[str, list[object]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    server_id: str
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    node_id: str
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    node_id: str
+
+
+# Tags of the handshake; a node's own message tags must stay clear of them.
+HANDSHAKE_MESSAGES = {1000: Challenge, 1001: Hello, 1002: Welcome}
+
+
+class LinkRefused(Exception):
+    """The other end failed the handshake (wrong secret, wrong node, or nonsense)."""
+
+
+def proof_of_secret(secret: bytes, nonce: bytes, client_id: str, server_id: str) -> bytes:
+    message = b"\x00".join((nonce, client_id.encode(), server_id.encode()))
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+async def _receive_one(conn: MessageConnection, codec: Codec, expected: type) -> object:
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        data = await conn.get_message()
+    if not isinstance(data, bytes):
+        raise LinkRefused("text frame during the handshake")
+    try:
+        messages = codec.decode(data)
+    except WireError as error:
+        raise LinkRefused(f"bad handshake frame: {error}") from None
+    if len(messages) != 1 or not isinstance(messages[0], expected):
+        raise LinkRefused(f"expected {expected.__name__} during the handshake")
+    return messages[0]
+
+
+async def dialer_handshake(
+    conn: MessageConnection, codec: Codec, node_id: str, secret: bytes
+) -> str:
+    """Answer the challenge; returns the accepting node's id."""
+    try:
+        challenge = await _receive_one(conn, codec, Challenge)
+        proof = proof_of_secret(secret, challenge.nonce, node_id, challenge.server_id)
+        await conn.send_message(codec.encode([Hello(node_id, proof)]))
+        welcome = await _receive_one(conn, codec, Welcome)
+    except ConnectionClosed as closed:
+        raise LinkRefused(f"closed during the handshake: {closed.reason}") from None
+    if welcome.node_id != challenge.server_id:
+        raise LinkRefused("the welcome came from another node than the challenge")
+    return welcome.node_id
+
+
+async def acceptor_handshake(
+    conn: MessageConnection, codec: Codec, node_id: str, secret: bytes, rng: random.Random
+) -> str:
+    """Challenge the dialer; returns its node id, or closes with 4401 and raises LinkRefused."""
+    nonce = rng.randbytes(16)
+    try:
+        await conn.send_message(codec.encode([Challenge(node_id, nonce)]))
+        hello = await _receive_one(conn, codec, Hello)
+    except ConnectionClosed as closed:
+        raise LinkRefused(f"closed during the handshake: {closed.reason}") from None
+    except LinkRefused:
+        await conn.aclose(CLOSE_UNAUTHORIZED, "bad handshake")
+        raise
+    expected = proof_of_secret(secret, nonce, hello.node_id, node_id)
+    if not hmac.compare_digest(hello.proof, expected) or hello.node_id == node_id:
+        await conn.aclose(CLOSE_UNAUTHORIZED, "not a member of this cluster")
+        raise LinkRefused(f"{hello.node_id!r} does not know the cluster secret")
+    await conn.send_message(codec.encode([Welcome(node_id)]))
+    return hello.node_id
+
+
+class Link:
+    """What this node sends to one other node, and the connection carrying it, when there is one."""
+
+    def __init__(self, remote_id: str, codec: Codec, deliver: Deliver) -> None:
+        self.remote_id = remote_id
+        self._codec = codec
+        self._deliver = deliver
+        self._outbox: list[object] = []
+        self._wake = trio.Event()
+        self._carrier: trio.CancelScope | None = None
+        self.dropped = 0
+        self.frames_sent = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._carrier is not None
+
+    def send(self, message: object) -> None:
+        """Queue a message; it leaves with the next frame, or when the link is up again."""
+        if len(self._outbox) >= OUTBOX_LIMIT:
+            # A link down for long: the oldest messages are the least useful (their callers have
+            # given up); drop them rather than grow without bound.
+            del self._outbox[0]
+            self.dropped += 1
+        self._outbox.append(message)
+        self._wake.set()
+
+    async def carry(self, conn: MessageConnection) -> None:
+        """Send and receive over `conn` until it breaks; a newer connection replaces this one."""
+        if self._carrier is not None:
+            self._carrier.cancel()
+        with trio.CancelScope() as scope:
+            self._carrier = scope
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._send_loop, conn, nursery.cancel_scope)
+                    await self._receive_loop(conn)
+                    nursery.cancel_scope.cancel()
+            finally:
+                if self._carrier is scope:
+                    self._carrier = None
+
+    async def _send_loop(self, conn: MessageConnection, stop: trio.CancelScope) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                batch, self._outbox = self._outbox, []
+                for frame in self._frames(batch):
+                    await conn.send_message(frame)
+                    self.frames_sent += 1
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            stop.cancel()
+
+    def _frames(self, batch: list[object]) -> list[bytes]:
+        """Encode a batch into as few frames as fit under the frame limit."""
+        try:
+            return [self._codec.encode(batch)]
+        except WireError:
+            if len(batch) == 1:
+                log.error("Dropped a message too large for one frame: %r", batch[0])
+                return []
+            half = len(batch) // 2
+            return self._frames(batch[:half]) + self._frames(batch[half:])
+
+    async def _receive_loop(self, conn: MessageConnection) -> None:
+        while True:
+            try:
+                data = await conn.get_message()
+            except ConnectionClosed:
+                return
+            if not isinstance(data, bytes):
+                log.warning("Closing the link to %s: it sent a text frame.", self.remote_id)
+                await conn.aclose(1003, "binary frames only")
+                return
+            try:
+                messages = self._codec.decode(data)
+            except WireError as error:
+                log.warning("Closing the link to %s: %s", self.remote_id, error)
+                await conn.aclose(1007, "malformed frame")
+                return
+            await self._deliver(self.remote_id, messages)
+
+
+class Links:
+    """All links of one node."""
+
+    def __init__(
+        self,
+        node_id: str,
+        secret: bytes,
+        codec: Codec,
+        dialer: Dialer,
+        deliver: Deliver,
+        rng: random.Random,
+    ) -> None:
+        self.node_id = node_id
+        self._secret = secret
+        self._codec = codec
+        self._dialer = dialer
+        self._deliver = deliver
+        self._rng = rng
+        self._links: dict[str, Link] = {}
+
+    def link(self, remote_id: str) -> Link:
+        link = self._links.get(remote_id)
+        if link is None:
+            link = self._links[remote_id] = Link(remote_id, self._codec, self._deliver)
+        return link
+
+    def send(self, remote_id: str, message: object) -> None:
+        self.link(remote_id).send(message)
+
+    def dials(self, remote_id: str) -> bool:
+        """Of each pair, the node with the smaller id dials, so a pair has one connection."""
+        return self.node_id < remote_id
+
+    async def keep_linked(self, remote_id: str, address: str) -> None:
+        """Dial `address` and carry the link to `remote_id`, redialling whenever it breaks.
+
+        Runs until cancelled (when the member leaves or goes down).
+        """
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                await self._dial_and_carry(remote_id, address)
+                log.info("Link to %s broke; redialling.", remote_id)
+                backoff = BACKOFF_FIRST
+            except* (
+                OSError,
+                HandshakeError,
+                ConnectionClosed,
+                LinkRefused,
+                trio.TooSlowError,
+                trio.BrokenResourceError,
+            ) as group:
+                error = group.exceptions[0]
+                log.info("Cannot link to %s at %s: %s", remote_id, address, error or type(error))
+            await trio.sleep(backoff * self._rng.uniform(0.5, 1.0))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _dial_and_carry(self, remote_id: str, address: str) -> None:
+        async with trio.open_nursery() as connection:
+            conn = await self._dialer(connection, address)
+            actual = await dialer_handshake(conn, self._codec, self.node_id, self._secret)
+            if actual != remote_id:
+                await conn.aclose(CLOSE_UNAUTHORIZED, "unexpected node")
+                raise LinkRefused(f"{address} is {actual!r}, not {remote_id!r}")
+            log.info("Linked to %s at %s.", remote_id, address)
+            await self.link(remote_id).carry(conn)
+            connection.cancel_scope.cancel()
+
+    async def accept(self, conn: MessageConnection) -> None:
+        """Serve a connection another node dialed, for as long as it lasts."""
+        try:
+            remote_id = await acceptor_handshake(
+                conn, self._codec, self.node_id, self._secret, self._rng
+            )
+        except (LinkRefused, trio.TooSlowError, ConnectionClosed) as error:
+            log.warning("Refused a node link: %s", error)
+            return
+        await self.link(remote_id).carry(conn)
+
+    def status(self) -> dict[str, bool]:
+        """Which links are connected now, by remote node id."""
+        return {remote_id: link.connected for remote_id, link in sorted(self._links.items())}

@@ -1,0 +1,176 @@
+"""Node links over in-memory streams under trio's virtual clock.
+
+pytest-trio only runs a test under a clock that the test itself asks for, hence `autojump_clock` in
+every signature.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import trio
+import trio.testing
+from trio_websocket import wrap_client_stream, wrap_server_stream
+
+from sluicegate.node.links import (
+    BACKOFF_MAX,
+    CLOSE_UNAUTHORIZED,
+    HANDSHAKE_MESSAGES,
+    Links,
+    proof_of_secret,
+)
+from sluicegate.node.wire import Codec
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    text: str
+
+
+CODEC = Codec({1: Note, **HANDSHAKE_MESSAGES})
+
+
+class Network:
+    """Nodes whose dialer opens an in-memory WebSocket to another node's `accept`."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.nodes: dict[str, Links] = {}
+        self.received: dict[str, list[tuple[str, str]]] = {}
+        self.frames: dict[str, int] = {}
+        self.dials: list[tuple[str, float]] = []
+        self.servers: list[object] = []
+        self.streams: list[trio.testing.MemorySendStream] = []
+        self.down: set[str] = set()
+
+    def add(self, node_id: str, secret: bytes = b"s3cret") -> Links:
+        self.received[node_id] = []
+        self.frames[node_id] = 0
+
+        async def deliver(remote_id: str, messages: list[object]) -> None:
+            self.frames[node_id] += 1
+            self.received[node_id].extend((remote_id, m.text) for m in messages)
+
+        async def dial(connection_nursery: trio.Nursery, address: str):
+            self.dials.append((address, trio.current_time()))
+            if address in self.down:
+                raise OSError("connection refused")
+            client_stream, server_stream = trio.testing.memory_stream_pair()
+            self.streams.append(server_stream)
+            self.nursery.start_soon(self._serve, address, server_stream)
+            return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
+
+        links = Links(node_id, secret, CODEC, dial, deliver, random.Random(node_id))
+        self.nodes[node_id] = links
+        return links
+
+    async def _serve(self, address: str, stream) -> None:
+        async with trio.open_nursery() as nursery:
+            request = await wrap_server_stream(nursery, stream)
+            conn = await request.accept()
+            self.servers.append(conn)
+            await self.nodes[address].accept(conn)
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def network(nursery):
+    # A redial loop keeps the autojump clock moving, so a stuck test would never end by itself.
+    with trio.fail_after(600):
+        yield Network(nursery)
+
+
+async def test_messages_flow_both_ways_over_one_connection(autojump_clock, network, nursery):
+    a, b = network.add("a"), network.add("b")
+    a.send("b", Note("queued before the link was up"))
+    b.send("a", Note("from b"))
+    assert a.dials("b") and not b.dials("a")
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(1)
+    assert network.received["b"] == [("a", "queued before the link was up")]
+    assert network.received["a"] == [("b", "from b")]
+    assert len(network.dials) == 1
+    assert a.status() == {"b": True}
+    assert b.status() == {"a": True}
+
+
+async def test_queued_messages_leave_in_one_frame(autojump_clock, network, nursery):
+    a = network.add("a")
+    network.add("b")
+    for i in range(500):
+        a.send("b", Note(f"m{i}"))
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(1)
+    assert [text for _, text in network.received["b"]] == [f"m{i}" for i in range(500)]
+    assert network.frames["b"] == 1
+
+
+async def test_a_wrong_secret_is_refused_and_retried_with_backoff(autojump_clock, network, nursery):
+    network.add("a", secret=b"wrong")
+    network.add("b")
+    network.nodes["a"].send("b", Note("must not arrive"))
+    nursery.start_soon(network.nodes["a"].keep_linked, "b", "b")
+    await trio.sleep(30)
+    assert network.received["b"] == []
+    assert not network.nodes["a"].status()["b"]
+    times = [t for _, t in network.dials]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    assert 5 < len(times) < 30
+    assert gaps[-1] <= BACKOFF_MAX + 0.01
+    assert max(gaps) > 2  # it backs off instead of hammering
+    assert all(conn.closed.code == CLOSE_UNAUTHORIZED for conn in network.servers)
+
+
+async def test_a_severed_link_is_redialled_and_queued_messages_follow(
+    autojump_clock, network, nursery
+):
+    a = network.add("a")
+    network.add("b")
+    nursery.start_soon(a.keep_linked, "b", "b")
+    a.send("b", Note("before"))
+    await trio.sleep(1)
+    network.down.add("b")
+    await network.streams[-1].aclose()  # the connection breaks, as when a node dies
+    await trio.sleep(0.01)
+    a.send("b", Note("during"))
+    await trio.sleep(3)
+    assert not a.status()["b"]
+    network.down.discard("b")
+    await trio.sleep(10)
+    assert a.status()["b"]
+    assert network.received["b"] == [("a", "before"), ("a", "during")]
+
+
+async def test_a_malformed_frame_closes_the_link(autojump_clock, network, nursery):
+    a = network.add("a")
+    network.add("b")
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(1)
+    [server_side] = network.servers
+    await server_side.send_message(b"\xc1 not msgpack")
+    await trio.sleep(0.5)
+    assert network.received["a"] == []
+    # The dialer notices, redials, and the pair is linked again.
+    await trio.sleep(5)
+    assert len(network.dials) == 2
+    assert a.status()["b"]
+
+
+async def test_dialing_the_wrong_node_is_refused(autojump_clock, network, nursery):
+    a = network.add("a")
+    network.add("c")
+    nursery.start_soon(a.keep_linked, "b", "c")  # the address answers as "c"
+    await trio.sleep(3)
+    assert not a.status().get("b")
+    assert network.received["c"] == []
+
+
+def test_proofs_bind_the_nonce_and_both_ids():
+    base = proof_of_secret(b"k", b"nonce", "a", "b")
+    assert base == proof_of_secret(b"k", b"nonce", "a", "b")
+    assert base != proof_of_secret(b"k", b"nonce", "b", "a")
+    assert base != proof_of_secret(b"k", b"other", "a", "b")
+    assert base != proof_of_secret(b"x", b"nonce", "a", "b")
