@@ -1,20 +1,43 @@
-"""The node's one ASGI application (served by hypercorn's trio worker on the node's one port)."""
+"""The node's one ASGI application (served by hypercorn's trio worker on the node's one port).
+
+HTTP requests go to the Throttle API. WebSocket connections to `/cluster` are node links, served
+only when the node is part of a cluster; every other WebSocket is refused (403).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
+from .links import Links
 from .semaphore_actor import SemaphoreActor
 
 
 class NodeApp:
     def __init__(self, actor: SemaphoreActor) -> None:
-        self.router = Router(ThrottleApi(actor))
+        self.throttle = ThrottleApi(actor)
+        self.router = Router(self.throttle)
+        self.links: Links | None = None
+
+    def join_cluster(self, links: Links, extra_metrics: Callable[[], str]) -> None:
+        """From now on, serve node links at `/cluster` and the cluster's metrics."""
+        self.links = links
+        self.throttle.extra_metrics = extra_metrics
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             request = Request(scope, receive)
             response = await handle(self.router, request)
             await _send(send, response, head=request.method == "HEAD")
+        elif scope["type"] == "websocket":
+            if scope["path"] != "/cluster" or self.links is None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            websocket = AsgiWebSocket(receive, send)
+            if await websocket.accept():
+                await self.links.accept(websocket)
+                await websocket.aclose()
         elif scope["type"] == "lifespan":
             while True:
                 message = await receive()

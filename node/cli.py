@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
-from .config import ConfigError, load_config
+from .config import ConfigError, NodeConfig, load_config
 from .logs import choose_level, setup_logging
 from .server import run_node
 
@@ -38,6 +40,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=8000,
         help="port to bind, 0 for any free one (default: %(default)s)",
     )
+    parser.add_argument(
+        "--node-id",
+        help="this node's id in the cluster (default: [cluster] node_id, else ADDRESS:PORT)",
+    )
+    parser.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="address of another node to join through; repeat or separate with commas",
+    )
     return parser.parse_args(argv)
 
 
@@ -45,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config, notice = load_config(args.configuration)
+        config = with_cluster_flags(config, args)
     except ConfigError as error:
         print(f"sluicegate-node: {error}", file=sys.stderr)
         return 2
@@ -62,3 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         log.error("Cannot serve on %s:%s: %s", args.address, args.port, bind_error)
         return 1
     return 0
+
+
+def with_cluster_flags(config: NodeConfig, args: argparse.Namespace) -> NodeConfig:
+    """Command-line cluster settings win over the file's; a cluster needs a secret."""
+    cluster = config.cluster
+    join = [address.strip() for flag in args.join for address in flag.split(",") if address.strip()]
+    if join:
+        cluster = replace(cluster, join=tuple(join))
+    if args.node_id:
+        cluster = replace(cluster, node_id=args.node_id)
+    has_secret = bool(os.environ.get("SLUICEGATE_CLUSTER_SECRET") or cluster.secret)
+    if (cluster.join or cluster.node_id) and not has_secret:
+        raise ConfigError(
+            "a cluster needs a shared secret: set [cluster] secret or SLUICEGATE_CLUSTER_SECRET"
+        )
+    return replace(config, cluster=cluster)

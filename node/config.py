@@ -9,8 +9,19 @@ B = { max = 1, level = 1 }
 level = "WARN"
 ```
 
-Unknown keys and sections are ignored, so later sections of our own (cluster, rate limits) and
-Throttle configuration files with keys we do not know both load.
+Unknown keys and sections are ignored, so later sections of our own (rate limits) and Throttle
+configuration files with keys we do not know both load.
+
+Our own section, for running several nodes as one cluster:
+
+```toml
+[cluster]
+node_id = "n1"                    # default: ADDRESS:PORT of this node
+join = ["10.0.0.2:8000"]          # seed addresses (host:port) of other nodes
+secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_SECRET
+down_after = "3s"                 # a member silent this long is down
+gossip_interval = "500ms"
+```
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluicegate.cluster.durations import DurationError, parse_duration
 from sluicegate.cluster.semaphores import SemaphoreConfig
 
 DEFAULT_PATH = Path("throttle.toml")
@@ -34,9 +46,19 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    node_id: str | None = None
+    join: tuple[str, ...] = ()
+    secret: str | None = None
+    down_after: float = 3.0
+    gossip_interval: float = 0.5
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     semaphores: dict[str, SemaphoreConfig] = field(default_factory=dict)
     log_level: str | None = None
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def parse_config(text: str, source: str = "<config>") -> NodeConfig:
@@ -47,6 +69,7 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
     return NodeConfig(
         semaphores=_semaphores(doc.get("semaphores", {}), source),
         log_level=_log_level(doc.get("logging", {}), source),
+        cluster=_cluster(doc.get("cluster", {}), source),
     )
 
 
@@ -106,3 +129,41 @@ def _log_level(table: object, source: str) -> str | None:
             f"{source}: logging.stderr.level must be one of {choices}, found {level!r}"
         )
     return level.upper()
+
+
+def _cluster(table: object, source: str) -> ClusterConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [cluster] must be a table")
+    node_id = table.get("node_id")
+    if node_id is not None and (not isinstance(node_id, str) or not node_id):
+        raise ConfigError(f"{source}: cluster.node_id must be a non-empty string")
+    join = table.get("join", [])
+    if isinstance(join, str):
+        join = [join]
+    if not isinstance(join, list) or not all(isinstance(a, str) and a for a in join):
+        raise ConfigError(f"{source}: cluster.join must be a list of host:port strings")
+    secret = table.get("secret")
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise ConfigError(f"{source}: cluster.secret must be a non-empty string")
+    return ClusterConfig(
+        node_id=node_id,
+        join=tuple(join),
+        secret=secret,
+        down_after=_duration(table, "down_after", 3.0, source),
+        gossip_interval=_duration(table, "gossip_interval", 0.5, source),
+    )
+
+
+def _duration(table: dict, key: str, default: float, source: str) -> float:
+    value = table.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f'{source}: cluster.{key} must be a duration such as "3s"')
+    try:
+        seconds = parse_duration(value)
+    except DurationError as error:
+        raise ConfigError(f"{source}: cluster.{key}: {error}") from None
+    if seconds <= 0:
+        raise ConfigError(f"{source}: cluster.{key} must be longer than zero")
+    return seconds

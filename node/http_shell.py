@@ -210,8 +210,11 @@ def _expires_in_body(value: object) -> float:
 class ThrottleApi:
     """Handlers for every Throttle route, bound to one semaphore actor."""
 
-    def __init__(self, actor: SemaphoreActor) -> None:
+    def __init__(
+        self, actor: SemaphoreActor, extra_metrics: Callable[[], str] = lambda: ""
+    ) -> None:
         self.actor = actor
+        self.extra_metrics = extra_metrics
 
     async def index(self, request: Request) -> Response:
         return text("Hello from Throttle!")
@@ -226,7 +229,8 @@ class ThrottleApi:
         return Response(200, _FAVICON, "image/x-icon")
 
     async def metrics(self, request: Request) -> Response:
-        return text(render_throttle_metrics(await self.actor.stats()))
+        throttle = render_throttle_metrics(await self.actor.stats())
+        return text(throttle + self.extra_metrics())
 
     async def new_peer(self, request: Request) -> Response:
         expires_in = _expires_in_body(await request.json())

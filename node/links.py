@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError
+from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
 
-from .wire import Codec, WireError
+from .wire import MAX_FRAME, Codec, WireError
 
 log = logging.getLogger("sluicegate.links")
 
@@ -145,10 +145,16 @@ class Link:
         self._carrier: trio.CancelScope | None = None
         self.dropped = 0
         self.frames_sent = 0
+        self._sending = False
 
     @property
     def connected(self) -> bool:
         return self._carrier is not None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being sent."""
+        return not self._outbox and not self._sending
 
     def send(self, message: object) -> None:
         """Queue a message; it leaves with the next frame, or when the link is up again."""
@@ -181,9 +187,13 @@ class Link:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 batch, self._outbox = self._outbox, []
-                for frame in self._frames(batch):
-                    await conn.send_message(frame)
-                    self.frames_sent += 1
+                self._sending = True
+                try:
+                    for frame in self._frames(batch):
+                        await conn.send_message(frame)
+                        self.frames_sent += 1
+                finally:
+                    self._sending = False
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             stop.cancel()
 
@@ -215,6 +225,25 @@ class Link:
                 await conn.aclose(1007, "malformed frame")
                 return
             await self._deliver(self.remote_id, messages)
+
+
+# What dialing and the handshake can fail with; anything else is a bug and propagates.
+DIAL_ERRORS = (
+    OSError,
+    HandshakeError,
+    ConnectionClosed,
+    LinkRefused,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+)
+
+
+async def websocket_dialer(nursery: trio.Nursery, address: str) -> MessageConnection:
+    """Dial another node's `/cluster` route over a real socket."""
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        return await connect_websocket_url(
+            nursery, f"ws://{address}/cluster", max_message_size=MAX_FRAME
+        )
 
 
 class Links:
@@ -261,14 +290,7 @@ class Links:
                 await self._dial_and_carry(remote_id, address)
                 log.info("Link to %s broke; redialling.", remote_id)
                 backoff = BACKOFF_FIRST
-            except* (
-                OSError,
-                HandshakeError,
-                ConnectionClosed,
-                LinkRefused,
-                trio.TooSlowError,
-                trio.BrokenResourceError,
-            ) as group:
+            except* DIAL_ERRORS as group:
                 error = group.exceptions[0]
                 log.info("Cannot link to %s at %s: %s", remote_id, address, error or type(error))
             await trio.sleep(backoff * self._rng.uniform(0.5, 1.0))
@@ -285,6 +307,29 @@ class Links:
             await self.link(remote_id).carry(conn)
             connection.cancel_scope.cancel()
 
+    async def introduce(
+        self, address: str, hold: float, first_message: object | None = None
+    ) -> str | None:
+        """Contact `address` (a seed: its node id is not known yet), send `first_message`, and
+        carry the link for `hold` seconds, long enough to swap gossip; then membership decides who
+        dials whom for good.
+
+        Returns the node id found there, or None if there was nobody to talk to.
+        """
+        try:
+            async with trio.open_nursery() as connection:
+                conn = await self._dialer(connection, address)
+                remote_id = await dialer_handshake(conn, self._codec, self.node_id, self._secret)
+                if first_message is not None:
+                    self.link(remote_id).send(first_message)
+                with trio.move_on_after(hold):
+                    await self.link(remote_id).carry(conn)
+                connection.cancel_scope.cancel()
+                return remote_id
+        except* DIAL_ERRORS as group:
+            log.info("Cannot reach seed %s: %s", address, group.exceptions[0])
+        return None
+
     async def accept(self, conn: MessageConnection) -> None:
         """Serve a connection another node dialed, for as long as it lasts."""
         try:
@@ -295,6 +340,12 @@ class Links:
             log.warning("Refused a node link: %s", error)
             return
         await self.link(remote_id).carry(conn)
+
+    async def flush(self, timeout: float) -> None:
+        """Wait until every connected link has sent what it has queued, at most `timeout`."""
+        with trio.move_on_after(timeout):
+            while any(link.connected and not link.idle for link in self._links.values()):
+                await trio.sleep(0.005)
 
     def status(self) -> dict[str, bool]:
         """Which links are connected now, by remote node id."""

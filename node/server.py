@@ -1,18 +1,27 @@
-"""Run one node: the semaphore actor and the HTTP server, until SIGTERM or Ctrl-C."""
+"""Run one node: the semaphore actor and the HTTP server (and, in a cluster, membership and
+node links), until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
 import logging
+import os
+import random
 import signal
+import time
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.semaphores import SemaphoreCore
 
 from .app import NodeApp
-from .config import NodeConfig
+from .config import ClusterConfig, NodeConfig
+from .link_codec import LINK_CODEC
+from .links import Links, websocket_dialer
+from .membership_actor import MembershipActor
+from .node_metrics import ClusterCollector, NodeMetrics
 from .semaphore_actor import SemaphoreActor
 
 log = logging.getLogger("sluicegate.node")
@@ -39,6 +48,8 @@ async def run_node(
     hypercorn.errorlog = logging.getLogger("sluicegate.hypercorn")
     stopping = trio.Event()
 
+    cluster: MembershipActor | None = None
+
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
@@ -48,23 +59,65 @@ async def run_node(
             async for signum in signals:
                 log.info("Received %s, shutting down.", signal.Signals(signum).name)
                 await actor.stop_blocking()
+                if cluster is not None:
+                    await cluster.leave()
                 stopping.set()
                 return
 
+    app = NodeApp(actor)
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         await nursery.start(actor.run)
         async with trio.open_nursery() as http:
             binds = await http.start(
                 lambda task_status: serve(
-                    NodeApp(actor),
-                    hypercorn,
-                    shutdown_trigger=stopping.wait,
-                    task_status=task_status,
+                    app, hypercorn, shutdown_trigger=stopping.wait, task_status=task_status
                 )
             )
-            log.info("Listening on %s", binds[0])
-            task_status.started(binds[0])
-        # `serve` returns once in-flight requests are done; nothing needs the actor any more.
+            url = binds[0]
+            secret = os.environ.get("SLUICEGATE_CLUSTER_SECRET") or config.cluster.secret
+            if secret:
+                cluster = await nursery.start(
+                    join_cluster, app, config.cluster, secret, url.split("//", 1)[1]
+                )
+            log.info("Listening on %s", url)
+            task_status.started(url)
+        # `serve` returns once in-flight requests are done; nothing needs the actors any more.
         actor.close()
+        nursery.cancel_scope.cancel()
     log.info("Stopped.")
+
+
+async def join_cluster(
+    app: NodeApp,
+    config: ClusterConfig,
+    secret: str,
+    address: str,
+    *,
+    task_status: trio.TaskStatus[MembershipActor],
+) -> None:
+    """Run membership and node links for this node, reachable at `address` (host:port)."""
+    node_id = config.node_id or address
+    rng = random.Random()
+    membership_actor: MembershipActor | None = None
+
+    async def deliver(remote_id: str, messages: list[object]) -> None:
+        for message in messages:
+            if isinstance(message, Gossip):
+                membership_actor.receive(message)
+            else:
+                log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
+
+    links = Links(node_id, secret.encode(), LINK_CODEC, websocket_dialer, deliver, rng)
+    # A new generation per start: the wall clock only orders this node's own lives.
+    membership = Membership(
+        node_id, address, time.time_ns(), config.join, down_after=config.down_after
+    )
+    membership_actor = MembershipActor(membership, links, interval=config.gossip_interval, rng=rng)
+    metrics = NodeMetrics()
+    metrics.registry.register(ClusterCollector(membership_actor, links))
+    app.join_cluster(links, metrics.render)
+    log.info("Node %s joining the cluster through %s.", node_id, ", ".join(config.join) or "-")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(membership_actor.run)
+        task_status.started(membership_actor)

@@ -19,8 +19,18 @@ _LISTENING = re.compile(r"Listening on (http://[^\s]+)")
 class NodeProcess:
     """One `python -m sluicegate.node` process, started with `--port 0` unless a port is given."""
 
-    def __init__(self, config_text: str, port: int = 0, workdir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config_text: str,
+        port: int = 0,
+        workdir: Path | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.args = list(args or [])
+        self.env = dict(env or {})
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sluicegate-node-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.workdir / "node.toml"
         self.config_path.write_text(config_text, encoding="utf-8")
         self.port = port
@@ -33,6 +43,7 @@ class NodeProcess:
         self._log_offset = self._log_path.stat().st_size if self._log_path.exists() else 0
         log = open(self._log_path, "ab")
         env = dict(os.environ, SLUICEGATE_LOG=os.environ.get("SLUICEGATE_TEST_LOG", "INFO"))
+        env.update(self.env)
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -44,6 +55,7 @@ class NodeProcess:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                *self.args,
             ],
             stdout=log,
             stderr=log,

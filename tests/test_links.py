@@ -174,3 +174,26 @@ def test_proofs_bind_the_nonce_and_both_ids():
     assert base != proof_of_secret(b"k", b"nonce", "b", "a")
     assert base != proof_of_secret(b"k", b"other", "a", "b")
     assert base != proof_of_secret(b"x", b"nonce", "a", "b")
+
+
+async def test_flush_waits_until_queued_messages_are_sent(autojump_clock, network, nursery):
+    a = network.add("a")
+    network.add("b")
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(1)
+    for i in range(100):
+        a.send("b", Note(f"bye {i}"))
+    await a.flush(timeout=5)
+    assert a.link("b").idle
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(network.received["b"]) == 100
+
+
+async def test_flush_gives_up_on_a_link_that_is_down(autojump_clock, network):
+    a = network.add("a")
+    network.add("b")
+    a.send("b", Note("nobody will carry this"))
+    started = trio.current_time()
+    await a.flush(timeout=5)
+    # A link that is down has nothing in flight: flush does not wait for it.
+    assert trio.current_time() - started < 0.1

@@ -1,0 +1,159 @@
+"""The membership actor: one trio task owns the membership core and keeps the node's links.
+
+Every gossip interval it ticks the core and sends the gossip it asks for over the links that are
+up (gossip is periodic and idempotent, so nothing is queued for a link that is down). It keeps one
+link per member in the direction `Links.dials` says, contacts seeds it has no link to, and rebuilds
+the ring whenever the live member set changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+import trio
+
+from sluicegate.cluster.membership import Gossip, MemberDown, Membership, MemberUp
+from sluicegate.cluster.ring import Ring
+
+from .links import Links
+
+log = logging.getLogger("sluicegate.membership")
+
+# How long a seed contact stays open to swap gossip.
+INTRODUCTION_HOLD = 2.0
+# At most this long for the goodbye to leave before the node stops.
+GOODBYE_FLUSH = 0.3
+
+
+class MembershipActor:
+    def __init__(
+        self,
+        membership: Membership,
+        links: Links,
+        *,
+        interval: float,
+        rng: random.Random,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self._membership = membership
+        self._links = links
+        self._interval = interval
+        self._rng = rng
+        self._clock = clock
+        self._dialing: dict[str, tuple[str, trio.CancelScope]] = {}
+        self._introducing: set[str] = set()
+        self._nursery: trio.Nursery | None = None
+        self.ring = Ring(membership.live_members())
+        self.ring_changed = trio.Event()
+
+    @property
+    def node_id(self) -> str:
+        return self._membership.node_id
+
+    def live_members(self) -> dict[str, str]:
+        return self._membership.live_members()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                self._tick()
+                await trio.sleep(self._interval)
+
+    def receive(self, gossip: Gossip) -> None:
+        """Gossip that arrived over a link."""
+        self._membership.receive(gossip, self._clock())
+        self._apply_events()
+
+    async def leave(self) -> None:
+        """Say goodbye over every link that is up, and wait (briefly) until it has left."""
+        for target, gossip in self._membership.leave():
+            node_id = self._node_at(target)
+            if node_id is not None:
+                self._links.send(node_id, gossip)
+        await self._links.flush(GOODBYE_FLUSH)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        targets = self._membership.tick(self._clock(), self._rng)
+        self._apply_events()
+        linked = self._links.status()
+        for address, gossip in targets:
+            node_id = self._node_at(address)
+            if node_id is not None and linked.get(node_id):
+                self._links.send(node_id, gossip)
+            elif node_id is None and address not in self._introducing:
+                self._introducing.add(address)
+                self._nursery.start_soon(self._introduce, address, gossip)
+
+    async def _introduce(self, address: str, gossip: Gossip) -> None:
+        try:
+            # Queued under the id found at the address, once the handshake tells it.
+            remote_id = await self._links.introduce(
+                address, INTRODUCTION_HOLD, first_message=gossip
+            )
+            if remote_id is not None:
+                log.info("Seed %s is node %s.", address, remote_id)
+        finally:
+            self._introducing.discard(address)
+
+    def _node_at(self, address: str) -> str | None:
+        for node_id, member_address in self._known_addresses().items():
+            if member_address == address:
+                return node_id
+        return None
+
+    def _known_addresses(self) -> dict[str, str]:
+        known = {}
+        for node_id in self._links.status():
+            state = self._membership.state_of(node_id)
+            if state is not None:
+                known[node_id] = state.address
+        known.update(self._membership.live_members())
+        return known
+
+    def _apply_events(self) -> None:
+        events = self._membership.events()
+        if not events:
+            return
+        for event in events:
+            if isinstance(event, MemberUp):
+                log.info("Member %s is up at %s.", event.node_id, event.address)
+                self._keep_linked(event.node_id, event.address)
+            elif isinstance(event, MemberDown):
+                log.warning(
+                    "Member %s %s.", event.node_id, "left" if event.left else "is down (silent)"
+                )
+                if event.left:
+                    self._stop_dialing(event.node_id)
+        ring = Ring(self._membership.live_members())
+        if ring != self.ring:
+            self.ring = ring
+            self.ring_changed.set()
+            self.ring_changed = trio.Event()
+
+    def _keep_linked(self, node_id: str, address: str) -> None:
+        """Dial members that are ours to dial; keep dialing silent ones so recovery is seen."""
+        if not self._links.dials(node_id):
+            return
+        current = self._dialing.get(node_id)
+        if current is not None and current[0] == address:
+            return
+        self._stop_dialing(node_id)
+        scope = trio.CancelScope()
+        self._dialing[node_id] = (address, scope)
+
+        async def dial() -> None:
+            with scope:
+                await self._links.keep_linked(node_id, address)
+
+        self._nursery.start_soon(dial)
+
+    def _stop_dialing(self, node_id: str) -> None:
+        current = self._dialing.pop(node_id, None)
+        if current is not None:
+            current[1].cancel()

@@ -1,0 +1,151 @@
+"""Membership across real node processes: join through a seed, goodbye, silent death, restart,
+and links refused without the secret."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+from .nodes import NodeProcess
+
+pytestmark = pytest.mark.process
+
+CONFIG = """
+[semaphores]
+A = 1
+
+[cluster]
+down_after = "2s"
+gossip_interval = "200ms"
+"""
+SECRET = {"SLUICEGATE_CLUSTER_SECRET": "test-secret"}
+
+
+def members_up(node: NodeProcess) -> int | None:
+    try:
+        with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(r"^sluicegate_members_up (\S+)$", text, re.MULTILINE)
+    return int(float(match.group(1))) if match else None
+
+
+def wait_until(predicate, timeout: float, what: str) -> float:
+    """Poll until `predicate()`; returns the seconds it took."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def start_node(tmp_path, name: str, join: NodeProcess | None = None, env=SECRET) -> NodeProcess:
+    args = ["--node-id", name]
+    if join is not None:
+        args += ["--join", f"127.0.0.1:{join.port}"]
+    return NodeProcess(CONFIG, workdir=tmp_path / name, args=args, env=env).start()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    nodes: dict[str, NodeProcess] = {}
+    nodes["n1"] = start_node(tmp_path, "n1")
+    for name in ("n2", "n3"):
+        nodes[name] = start_node(tmp_path, name, join=nodes["n1"])
+    yield nodes
+    for node in nodes.values():
+        node.kill()
+
+
+def test_nodes_joining_through_a_seed_converge(cluster):
+    wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "all see 3 members")
+
+
+def test_goodbye_removes_a_member_at_once_and_silence_after_the_timeout(cluster):
+    wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "converged")
+
+    started = time.monotonic()
+    assert cluster["n3"].stop() == 0
+    assert time.monotonic() - started < 1.0
+    took = wait_until(
+        lambda: members_up(cluster["n1"]) == 2 and members_up(cluster["n2"]) == 2,
+        5,
+        "n3's goodbye seen",
+    )
+    assert took < 1.0  # the goodbye, not the 2 s silence timeout
+    assert "Member n3 left." in cluster["n1"].log()
+
+    cluster["n2"].kill()
+    took = wait_until(lambda: members_up(cluster["n1"]) == 1, 10, "n2 declared down")
+    assert 1.0 < took < 5.0  # down_after is 2 s
+    assert "Member n2 is down (silent)." in cluster["n1"].log()
+
+
+def test_a_restarted_node_rejoins(cluster, tmp_path):
+    wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "converged")
+    cluster["n2"].kill()
+    cluster["n2"].restart()
+    wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "n2 back everywhere")
+    # n1 saw n2 come up twice: at the first join and as the restarted generation.
+    assert cluster["n1"].log().count("Member n2 is up") == 2
+
+
+def test_a_node_without_the_secret_is_refused(cluster, tmp_path):
+    wait_until(lambda: members_up(cluster["n1"]) == 3, 10, "converged")
+    intruder = start_node(
+        tmp_path, "intruder", join=cluster["n1"], env={"SLUICEGATE_CLUSTER_SECRET": "guess"}
+    )
+    try:
+        time.sleep(2)
+        assert members_up(cluster["n1"]) == 3
+        assert members_up(intruder) == 1
+        assert "does not know the cluster secret" in cluster["n1"].log()
+    finally:
+        intruder.kill()
+
+
+def test_the_cluster_route_is_closed_on_a_single_node(node):
+    async def try_link() -> str:
+        try:
+            async with open_websocket_url(f"ws://127.0.0.1:{node.port}/cluster") as ws:
+                await ws.get_message()
+        except HandshakeError as error:
+            return type(error).__name__
+        except ConnectionClosed as closed:
+            return f"closed {closed.reason.code}"
+        return "open"
+
+    assert trio.run(try_link) in ("ConnectionRejected", "closed 1008")
+
+
+def test_joining_without_a_secret_is_a_configuration_error(tmp_path):
+    config = tmp_path / "node.toml"
+    config.write_text("[semaphores]\nA = 1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sluicegate.node", "-c", str(config), "--join", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={k: v for k, v in os.environ.items() if k != "SLUICEGATE_CLUSTER_SECRET"},
+    )
+    assert result.returncode == 2
+    assert "a cluster needs a shared secret" in result.stderr
+
+
+def test_sigint_on_a_cluster_node_exits_zero_within_a_second(cluster):
+    wait_until(lambda: members_up(cluster["n1"]) == 3, 10, "converged")
+    started = time.monotonic()
+    cluster["n1"].signal(signal.SIGINT)
+    assert cluster["n1"].wait(5) == 0
+    assert time.monotonic() - started < 1.0
