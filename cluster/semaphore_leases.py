@@ -40,22 +40,33 @@ class SemaphoreStats:
     longest_pending: float
 
 
-class _Semaphore:
-    __slots__ = ("name", "max", "acquired", "pending", "holders", "queue")
+# Fencing tokens: epoch * 2**22 + grants so far. The epoch orders the owner's lives (a restarted
+# owner continues above its previous tokens); 2**22 grants per semaphore fit in one epoch, and more
+# only carry into the epoch part, which still increases.
+TOKEN_EPOCH_SHIFT = 22
 
-    def __init__(self, name: str, config: SemaphoreConfig) -> None:
+
+class _Semaphore:
+    __slots__ = ("name", "max", "acquired", "pending", "holders", "tokens", "next_token", "queue")
+
+    def __init__(self, name: str, config: SemaphoreConfig, epoch: int) -> None:
         self.name = name
         self.max = config.max
         self.acquired = 0
         self.pending = 0
         self.holders: dict[int, int] = {}
+        # Fencing token of each holder's grant.
+        self.tokens: dict[int, int] = {}
+        self.next_token = epoch << TOKEN_EPOCH_SHIFT
         # Waiters in arrival order: peer id -> (count, waiting since).
         self.queue: OrderedDict[int, tuple[int, float]] = OrderedDict()
 
 
 class SemaphoreLeases:
-    def __init__(self, semaphores: Mapping[str, SemaphoreConfig]) -> None:
-        self._semaphores = {name: _Semaphore(name, cfg) for name, cfg in semaphores.items()}
+    def __init__(self, semaphores: Mapping[str, SemaphoreConfig], epoch: int = 0) -> None:
+        """`epoch` must grow from one life of the owner to the next (the node's start time in
+        milliseconds does), so fencing tokens never repeat."""
+        self._semaphores = {name: _Semaphore(name, cfg, epoch) for name, cfg in semaphores.items()}
         self._events: list[LockGranted] = []
 
     def request(self, peer_id: int, semaphore: str, count: int, now: float) -> bool:
@@ -66,8 +77,7 @@ class SemaphoreLeases:
         """
         sem = self._semaphore(semaphore)
         if sem.acquired + sem.pending + count <= sem.max:
-            sem.holders[peer_id] = count
-            sem.acquired += count
+            self._hold(sem, peer_id, count)
             return True
         sem.queue[peer_id] = (count, now)
         sem.pending += count
@@ -91,8 +101,16 @@ class SemaphoreLeases:
         Idempotent, so a repeated restore (a retry) counts once.
         """
         sem = self._semaphore(semaphore)
-        sem.acquired += count - sem.holders.get(peer_id, 0)
-        sem.holders[peer_id] = count
+        previous = sem.holders.get(peer_id)
+        if previous is None:
+            self._hold(sem, peer_id, count)
+        else:
+            sem.acquired += count - previous
+            sem.holders[peer_id] = count
+
+    def token(self, peer_id: int, semaphore: str) -> int | None:
+        """The fencing token of the peer's grant on `semaphore`; None unless it holds a lock."""
+        return self._semaphore(semaphore).tokens.get(peer_id)
 
     def remainder(self, semaphore: str) -> int:
         sem = self._semaphore(semaphore)
@@ -121,6 +139,7 @@ class SemaphoreLeases:
         count = sem.holders.pop(peer_id, None)
         if count is not None:
             sem.acquired -= count
+            del sem.tokens[peer_id]
             return True
         waiting = sem.queue.pop(peer_id, None)
         if waiting is not None:
@@ -140,6 +159,11 @@ class SemaphoreLeases:
             queue.popitem(last=False)
             room -= count
             sem.pending -= count
-            sem.acquired += count
-            sem.holders[peer_id] = count
+            self._hold(sem, peer_id, count)
             self._events.append(LockGranted(peer_id, sem.name, count))
+
+    def _hold(self, sem: _Semaphore, peer_id: int, count: int) -> None:
+        sem.holders[peer_id] = count
+        sem.acquired += count
+        sem.tokens[peer_id] = sem.next_token
+        sem.next_token += 1

@@ -40,6 +40,15 @@ class Acquire:
 
 
 @dataclass(frozen=True, slots=True)
+class AcquireOutcome:
+    """An acquire's answer: does the peer now hold all its locks (Throttle's 200 rather than
+    202), and the fencing token of the requested lock once it is held."""
+
+    acquired: bool
+    fencing_token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseLock:
     peer_id: int
     semaphore: str

@@ -35,9 +35,9 @@ Event = LockGranted | PeerRemoved
 
 
 class SemaphoreCore:
-    def __init__(self, semaphores: Mapping[str, SemaphoreConfig]) -> None:
+    def __init__(self, semaphores: Mapping[str, SemaphoreConfig], epoch: int = 0) -> None:
         self._peers = PeerTable(semaphores)
-        self._leases = SemaphoreLeases(semaphores)
+        self._leases = SemaphoreLeases(semaphores, epoch)
         self._events: list[Event] = []
 
     # -- peers -------------------------------------------------------------------------------
@@ -92,6 +92,11 @@ class SemaphoreCore:
 
     def remainder(self, semaphore: str) -> int:
         return self._leases.remainder(semaphore)
+
+    def fencing_token(self, peer_id: int, semaphore: str) -> int | None:
+        """The token of the peer's grant on `semaphore` (None unless it holds it): it strictly
+        increases per semaphore, so a protected resource can refuse holders whose lease lapsed."""
+        return self._leases.token(peer_id, semaphore)
 
     def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> None:
         """Recreate a peer the node forgot, holding `acquired` even beyond max.

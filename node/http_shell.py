@@ -258,10 +258,14 @@ class ThrottleApi:
         )
         body = await request.json()
         count = _shaped(lambda: serde.integer(body, serde.I64, "i64"))
-        acquired = await self.actor.call(
+        outcome = await self.actor.call(
             Acquire(peer_id, name, count, query.get("expires_in"), query.get("block_for"))
         )
-        return json_response(peer_id, 200 if acquired else 202)
+        response = json_response(peer_id, 200 if outcome.acquired else 202)
+        if outcome.fencing_token is not None:
+            # Our own addition, in a header so that Throttle's bytes stay as they are.
+            response.headers.append((b"sluicegate-fencing-token", b"%d" % outcome.fencing_token))
+        return response
 
     async def release_lock(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
         peer_id = _peer_id(peer, in_tuple=True)

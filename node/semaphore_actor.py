@@ -19,12 +19,13 @@ from collections.abc import Callable
 import trio
 
 from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
-from sluicegate.cluster.semaphore_ops import Acquire, Operation, Restore, apply
+from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
 from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
 
 log = logging.getLogger("sluicegate.semaphores")
 
 INBOX_SIZE = 4096
+NOT_YET = AcquireOutcome(False)
 
 
 class _Request:
@@ -141,7 +142,7 @@ class SemaphoreActor:
             if not request.done.is_set():
                 # Out of patience: the lock stays pending, the answer is "not yet".
                 self._unpark(request)
-                request.succeed(False)
+                request.succeed(NOT_YET)
 
     def _handle(self, message: _Request | _StopBlocking | _Stats, now: float) -> None:
         if isinstance(message, _Stats):
@@ -159,19 +160,17 @@ class SemaphoreActor:
         except SemaphoreError as error:
             message.fail(error)
         else:
-            if (
-                result is False
-                and isinstance(op, Acquire)
-                and op.block_for
-                and op.block_for > 0
-                and self._blocking
-            ):
+            if not isinstance(op, Acquire):
+                message.succeed(result)
+            elif result:
+                message.succeed(self._granted(op))
+            elif op.block_for and op.block_for > 0 and self._blocking:
                 self._parked.setdefault(op.peer_id, []).append(message)
                 heapq.heappush(
                     self._park_deadlines, (now + op.block_for, next(self._sequence), message)
                 )
             else:
-                message.succeed(result)
+                message.succeed(NOT_YET)
             if isinstance(op, Restore):
                 # Throttle warns about revenants too: frequent ones mean expiries are too short.
                 log.warning(
@@ -183,10 +182,13 @@ class SemaphoreActor:
         for event in self._core.events():
             if isinstance(event, LockGranted):
                 for request in self._parked.pop(event.peer_id, ()):
-                    request.succeed(True)
+                    request.succeed(self._granted(request.op))
             elif isinstance(event, PeerRemoved):
                 for request in self._parked.pop(event.peer_id, ()):
                     request.fail(UnknownPeer(event.peer_id))
+
+    def _granted(self, op: Acquire) -> AcquireOutcome:
+        return AcquireOutcome(True, self._core.fencing_token(op.peer_id, op.semaphore))
 
     def _unpark(self, request: _Request) -> None:
         peer_id = request.op.peer_id
@@ -201,4 +203,4 @@ class SemaphoreActor:
         self._park_deadlines.clear()
         for requests in parked.values():
             for request in requests:
-                request.succeed(False)
+                request.succeed(NOT_YET)

@@ -38,7 +38,8 @@ async def run_node(
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGTERM or SIGINT; `task_status.started` receives the bound URL."""
-    actor = SemaphoreActor(SemaphoreCore(config.semaphores))
+    # Fencing tokens continue above this node's previous life: its start time orders its lives.
+    actor = SemaphoreActor(SemaphoreCore(config.semaphores, epoch=time.time_ns() // 1_000_000))
     hypercorn = HypercornConfig()
     hypercorn.bind = [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"]
     hypercorn.graceful_timeout = GRACEFUL_TIMEOUT

@@ -134,3 +134,32 @@ def test_home_and_owner_with_a_message_in_flight():
             owner.release(grant.peer_id, grant.semaphore)
     assert owner.remainder("B") == 1
     assert home.is_acquired(waiter) is True
+
+
+def test_fencing_tokens_increase_per_semaphore_and_follow_the_holder(owner):
+    owner.request(1, "A", 1, now=0)
+    owner.request(2, "A", 1, now=0)
+    first, second = owner.token(1, "A"), owner.token(2, "A")
+    assert first < second
+    owner.request(3, "A", 1, now=0)  # waits
+    assert owner.token(3, "A") is None
+    owner.release(1, "A")
+    assert owner.token(1, "A") is None
+    assert owner.token(3, "A") > second  # granted from the queue: the next token
+    owner.restore(4, "A", 1)
+    assert owner.token(4, "A") > owner.token(3, "A")
+    # Each semaphore counts on its own.
+    owner.request(1, "B", 1, now=0)
+    assert owner.token(1, "B") == 0
+
+
+def test_a_later_life_of_the_owner_continues_above_the_earlier_one():
+    earlier = SemaphoreLeases(CONFIG, epoch=1_700_000_000_000)
+    for peer in range(1000):
+        earlier.request(peer, "A", 1, now=0)
+        earlier.release(peer, "A")
+    earlier.request(5000, "A", 1, now=0)
+    later = SemaphoreLeases(CONFIG, epoch=1_700_000_000_001)
+    later.request(1, "A", 1, now=0)
+    assert later.token(1, "A") > earlier.token(5000, "A")
+    assert later.token(1, "A") < 2**64  # fits Throttle's u64 world

@@ -14,6 +14,7 @@ import trio
 from sluicegate.cluster.errors import UnknownPeer, UnknownSemaphore
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
+    AcquireOutcome,
     IsAcquired,
     NewPeer,
     ReleaseLock,
@@ -37,7 +38,7 @@ async def actor(nursery):
 async def test_blocked_acquire_answers_at_the_grant(autojump_clock, actor, nursery):
     holder = await actor.call(NewPeer(60))
     waiter = await actor.call(NewPeer(60))
-    assert await actor.call(Acquire(holder, "A", 1)) is True
+    assert (await actor.call(Acquire(holder, "A", 1))).acquired is True
 
     async def release_later() -> None:
         await trio.sleep(3)
@@ -45,7 +46,7 @@ async def test_blocked_acquire_answers_at_the_grant(autojump_clock, actor, nurse
 
     nursery.start_soon(release_later)
     started = trio.current_time()
-    assert await actor.call(Acquire(waiter, "A", 1, block_for=10)) is True
+    assert (await actor.call(Acquire(waiter, "A", 1, block_for=10))).acquired is True
     assert trio.current_time() - started == pytest.approx(3)
 
 
@@ -54,7 +55,7 @@ async def test_blocked_acquire_gives_up_after_block_for(autojump_clock, actor):
     waiter = await actor.call(NewPeer(60))
     await actor.call(Acquire(holder, "A", 1))
     started = trio.current_time()
-    assert await actor.call(Acquire(waiter, "A", 1, block_for=5)) is False
+    assert (await actor.call(Acquire(waiter, "A", 1, block_for=5))).acquired is False
     assert trio.current_time() - started == pytest.approx(5)
     # The lock stays pending after the poll ran out.
     assert await actor.call(IsAcquired(waiter)) is False
@@ -66,7 +67,7 @@ async def test_actor_wakes_itself_at_the_next_expiry(autojump_clock, actor):
     await actor.call(Acquire(holder, "A", 1))
     started = trio.current_time()
     # Nothing else happens: only the actor's own wake-up at t=10 can expire the holder.
-    assert await actor.call(Acquire(waiter, "A", 1, block_for=100)) is True
+    assert (await actor.call(Acquire(waiter, "A", 1, block_for=100))).acquired is True
     assert trio.current_time() - started == pytest.approx(10)
     with pytest.raises(UnknownPeer):
         await actor.call(IsAcquired(holder))
@@ -118,10 +119,10 @@ async def test_stop_blocking_answers_parked_acquires(autojump_clock, actor, nurs
     started = trio.current_time()
     await actor.stop_blocking()
     await trio.testing.wait_all_tasks_blocked()
-    assert answers == [False]
+    assert answers == [AcquireOutcome(False)]
     assert trio.current_time() == started
     # After that, acquires answer at once instead of parking.
-    assert await actor.call(Acquire(waiter, "A", 1, block_for=1000)) is False
+    assert (await actor.call(Acquire(waiter, "A", 1, block_for=1000))).acquired is False
     assert trio.current_time() == started
 
 
@@ -132,7 +133,7 @@ async def test_many_concurrent_callers_are_served_in_arrival_order(autojump_cloc
     # Each asks for the full count, so grants happen one per release and their order is visible
     # (trio shuffles the wake-up order of tasks that become runnable in the same step).
     async def take(peer: int) -> None:
-        assert await actor.call(Acquire(peer, "C", 5, block_for=600)) is True
+        assert (await actor.call(Acquire(peer, "C", 5, block_for=600))).acquired is True
         granted.append(peer)
         await trio.sleep(1)
         await actor.call(ReleaseLock(peer, "C"))
@@ -155,3 +156,37 @@ async def test_stats_report_waiting_time(autojump_clock, actor, nursery):
     assert stats["A"].acquired == 1
     assert stats["A"].pending == 1
     assert stats["A"].longest_pending == pytest.approx(7.5)
+
+
+async def test_grants_carry_strictly_increasing_fencing_tokens(autojump_clock, actor, nursery):
+    tokens = []
+    for _ in range(5):
+        peer = await actor.call(NewPeer(60))
+        outcome = await actor.call(Acquire(peer, "A", 1))
+        assert outcome.acquired
+        tokens.append(outcome.fencing_token)
+        # Asking again for the held lock answers with the same token.
+        assert (await actor.call(Acquire(peer, "A", 1))).fencing_token == outcome.fencing_token
+        await actor.call(ReleasePeer(peer))
+    assert tokens == sorted(set(tokens))
+
+    # A waiter granted by a release gets the next token through its long poll.
+    holder = await actor.call(NewPeer(60))
+    held = await actor.call(Acquire(holder, "A", 1))
+    waiter = await actor.call(NewPeer(60))
+
+    async def release_later() -> None:
+        await trio.sleep(1)
+        await actor.call(ReleaseLock(holder, "A"))
+
+    nursery.start_soon(release_later)
+    outcome = await actor.call(Acquire(waiter, "A", 1, block_for=10))
+    assert outcome.acquired
+    assert outcome.fencing_token > held.fencing_token > tokens[-1]
+
+
+async def test_pending_answers_carry_no_token(autojump_clock, actor):
+    holder = await actor.call(NewPeer(60))
+    waiter = await actor.call(NewPeer(60))
+    await actor.call(Acquire(holder, "A", 1))
+    assert await actor.call(Acquire(waiter, "A", 1)) == AcquireOutcome(False, None)
