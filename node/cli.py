@@ -86,9 +86,15 @@ def with_cluster_flags(config: NodeConfig, args: argparse.Namespace) -> NodeConf
         cluster = replace(cluster, join=tuple(join))
     if args.node_id:
         cluster = replace(cluster, node_id=args.node_id)
-    has_secret = bool(os.environ.get("SLUICEGATE_CLUSTER_SECRET") or cluster.secret)
-    if (cluster.join or cluster.node_id) and not has_secret:
+    secret = os.environ.get("SLUICEGATE_CLUSTER_SECRET") or cluster.secret
+    cluster = replace(cluster, secret=secret)
+    if (cluster.join or cluster.node_id) and not secret:
         raise ConfigError(
             "a cluster needs a shared secret: set [cluster] secret or SLUICEGATE_CLUSTER_SECRET"
+        )
+    if secret and not cluster.advertise and args.address in ("0.0.0.0", "::", ""):
+        raise ConfigError(
+            f'other nodes cannot dial {args.address!r}: set [cluster] advertise = "HOST:PORT" '
+            "to the address they reach this node at"
         )
     return replace(config, cluster=cluster)

@@ -19,6 +19,7 @@ Our own section, for running several nodes as one cluster:
 node_id = "n1"                    # default: ADDRESS:PORT of this node
 join = ["10.0.0.2:8000"]          # seed addresses (host:port) of other nodes
 secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_SECRET
+advertise = "10.0.0.1:8000"       # where other nodes reach this one (default: the bound address)
 down_after = "3s"                 # a member silent this long is down
 gossip_interval = "500ms"
 ```
@@ -50,6 +51,7 @@ class ClusterConfig:
     node_id: str | None = None
     join: tuple[str, ...] = ()
     secret: str | None = None
+    advertise: str | None = None
     down_after: float = 3.0
     gossip_interval: float = 0.5
 
@@ -145,10 +147,14 @@ def _cluster(table: object, source: str) -> ClusterConfig:
     secret = table.get("secret")
     if secret is not None and (not isinstance(secret, str) or not secret):
         raise ConfigError(f"{source}: cluster.secret must be a non-empty string")
+    advertise = table.get("advertise")
+    if advertise is not None and (not isinstance(advertise, str) or ":" not in advertise):
+        raise ConfigError(f"{source}: cluster.advertise must be a host:port string")
     return ClusterConfig(
         node_id=node_id,
         join=tuple(join),
         secret=secret,
+        advertise=advertise,
         down_after=_duration(table, "down_after", 3.0, source),
         gossip_interval=_duration(table, "gossip_interval", 0.5, source),
     )

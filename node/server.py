@@ -4,7 +4,6 @@ node links), until SIGTERM or Ctrl-C."""
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
 import time
@@ -76,11 +75,9 @@ async def run_node(
                 )
             )
             url = binds[0]
-            secret = os.environ.get("SLUICEGATE_CLUSTER_SECRET") or config.cluster.secret
-            if secret:
-                cluster = await nursery.start(
-                    join_cluster, app, config.cluster, secret, url.split("//", 1)[1]
-                )
+            if config.cluster.secret:
+                address = config.cluster.advertise or url.split("//", 1)[1]
+                cluster = await nursery.start(join_cluster, app, config.cluster, address)
             log.info("Listening on %s", url)
             task_status.started(url)
         # `serve` returns once in-flight requests are done; nothing needs the actors any more.
@@ -92,12 +89,12 @@ async def run_node(
 async def join_cluster(
     app: NodeApp,
     config: ClusterConfig,
-    secret: str,
     address: str,
     *,
     task_status: trio.TaskStatus[MembershipActor],
 ) -> None:
     """Run membership and node links for this node, reachable at `address` (host:port)."""
+    assert config.secret, "the command line refuses a cluster without a secret"
     node_id = config.node_id or address
     rng = random.Random()
     membership_actor: MembershipActor | None = None
@@ -109,7 +106,7 @@ async def join_cluster(
             else:
                 log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
 
-    links = Links(node_id, secret.encode(), LINK_CODEC, websocket_dialer, deliver, rng)
+    links = Links(node_id, config.secret.encode(), LINK_CODEC, websocket_dialer, deliver, rng)
     # A new generation per start: the wall clock only orders this node's own lives.
     membership = Membership(
         node_id, address, time.time_ns(), config.join, down_after=config.down_after

@@ -149,3 +149,17 @@ def test_sigint_on_a_cluster_node_exits_zero_within_a_second(cluster):
     cluster["n1"].signal(signal.SIGINT)
     assert cluster["n1"].wait(5) == 0
     assert time.monotonic() - started < 1.0
+
+
+def test_a_cluster_node_bound_to_any_address_must_say_where_it_is_reached(tmp_path):
+    config = tmp_path / "node.toml"
+    config.write_text("[semaphores]\nA = 1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sluicegate.node", "-c", str(config), "--address", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=dict(os.environ, **SECRET),
+    )
+    assert result.returncode == 2
+    assert "set [cluster] advertise" in result.stderr
