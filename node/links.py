@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import logging
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -140,7 +141,7 @@ class Link:
         self.remote_id = remote_id
         self._codec = codec
         self._deliver = deliver
-        self._outbox: list[object] = []
+        self._outbox: deque[object] = deque(maxlen=OUTBOX_LIMIT)
         self._wake = trio.Event()
         self._carrier: trio.CancelScope | None = None
         self.dropped = 0
@@ -158,10 +159,9 @@ class Link:
 
     def send(self, message: object) -> None:
         """Queue a message; it leaves with the next frame, or when the link is up again."""
-        if len(self._outbox) >= OUTBOX_LIMIT:
+        if len(self._outbox) == OUTBOX_LIMIT:
             # A link down for long: the oldest messages are the least useful (their callers have
-            # given up); drop them rather than grow without bound.
-            del self._outbox[0]
+            # given up); the deque drops them rather than grow without bound.
             self.dropped += 1
         self._outbox.append(message)
         self._wake.set()
@@ -186,7 +186,8 @@ class Link:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
-                batch, self._outbox = self._outbox, []
+                batch = list(self._outbox)
+                self._outbox.clear()
                 self._sending = True
                 try:
                     for frame in self._frames(batch):

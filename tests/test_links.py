@@ -18,6 +18,7 @@ from sluicegate.node.links import (
     BACKOFF_MAX,
     CLOSE_UNAUTHORIZED,
     HANDSHAKE_MESSAGES,
+    OUTBOX_LIMIT,
     Links,
     proof_of_secret,
 )
@@ -197,3 +198,12 @@ async def test_flush_gives_up_on_a_link_that_is_down(autojump_clock, network):
     await a.flush(timeout=5)
     # A link that is down has nothing in flight: flush does not wait for it.
     assert trio.current_time() - started < 0.1
+
+
+async def test_a_link_down_for_long_keeps_only_the_newest_messages(autojump_clock, network):
+    a = network.add("a")
+    link = a.link("b")
+    for i in range(OUTBOX_LIMIT + 10):
+        link.send(Note(f"m{i}"))
+    assert link.dropped == 10
+    assert not link.idle
