@@ -3,7 +3,7 @@
 Every gossip interval it ticks the core and sends the gossip it asks for over the links that are
 up (gossip is periodic and idempotent, so nothing is queued for a link that is down). It keeps one
 link per member in the direction `Links.dials` says, contacts seeds it has no link to, and rebuilds
-the ring whenever the live member set changes.
+the ring (`ring`) whenever the live member set changes.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class MembershipActor:
         self._introducing: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self.ring = Ring(membership.live_members())
-        self.ring_changed = trio.Event()
 
     @property
     def node_id(self) -> str:
@@ -70,8 +69,9 @@ class MembershipActor:
 
     async def leave(self) -> None:
         """Say goodbye over every link that is up, and wait (briefly) until it has left."""
+        node_at = {address: node_id for node_id, address in self._known_addresses().items()}
         for target, gossip in self._membership.leave():
-            node_id = self._node_at(target)
+            node_id = node_at.get(target)
             if node_id is not None:
                 self._links.send(node_id, gossip)
         await self._links.flush(GOODBYE_FLUSH)
@@ -82,8 +82,9 @@ class MembershipActor:
         targets = self._membership.tick(self._clock(), self._rng)
         self._apply_events()
         linked = self._links.status()
+        node_at = {address: node_id for node_id, address in self._known_addresses().items()}
         for address, gossip in targets:
-            node_id = self._node_at(address)
+            node_id = node_at.get(address)
             if node_id is not None and linked.get(node_id):
                 self._links.send(node_id, gossip)
             elif node_id is None and address not in self._introducing:
@@ -100,12 +101,6 @@ class MembershipActor:
                 log.info("Seed %s is node %s.", address, remote_id)
         finally:
             self._introducing.discard(address)
-
-    def _node_at(self, address: str) -> str | None:
-        for node_id, member_address in self._known_addresses().items():
-            if member_address == address:
-                return node_id
-        return None
 
     def _known_addresses(self) -> dict[str, str]:
         known = {}
@@ -130,11 +125,7 @@ class MembershipActor:
                 )
                 if event.left:
                     self._stop_dialing(event.node_id)
-        ring = Ring(self._membership.live_members())
-        if ring != self.ring:
-            self.ring = ring
-            self.ring_changed.set()
-            self.ring_changed = trio.Event()
+        self.ring = Ring(self._membership.live_members())
 
     def _keep_linked(self, node_id: str, address: str) -> None:
         """Dial members that are ours to dial; keep dialing silent ones so recovery is seen."""

@@ -6,24 +6,37 @@ nodes running in one process, as in the simulations), filled at scrape time from
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from sluicegate.cluster.ring import semaphore_key
 
 from .links import Links
 from .membership_actor import MembershipActor
 
 
 class ClusterCollector(Collector):
-    def __init__(self, membership: MembershipActor, links: Links) -> None:
+    def __init__(
+        self, membership: MembershipActor, links: Links, semaphores: Iterable[str]
+    ) -> None:
         self._membership = membership
         self._links = links
+        self._semaphore_keys = [semaphore_key(name) for name in semaphores]
 
     def collect(self):
         yield GaugeMetricFamily(
             "sluicegate_members_up",
             "Members this node believes alive, itself included.",
             value=len(self._membership.live_members()),
+        )
+        ring, me = self._membership.ring, self._membership.node_id
+        yield GaugeMetricFamily(
+            "sluicegate_semaphores_owned",
+            "Configured semaphores whose ring owner this node is, by its view of the members.",
+            value=sum(1 for key in self._semaphore_keys if ring.owner(key) == me),
         )
         link_up = GaugeMetricFamily(
             "sluicegate_link_up", "1 while the link to that node is connected.", labels=["node"]

@@ -77,7 +77,9 @@ async def run_node(
             url = binds[0]
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
-                cluster = await nursery.start(join_cluster, app, config.cluster, address)
+                cluster = await nursery.start(
+                    join_cluster, app, config.cluster, address, list(config.semaphores)
+                )
             log.info("Listening on %s", url)
             task_status.started(url)
         # `serve` returns once in-flight requests are done; nothing needs the actors any more.
@@ -90,6 +92,7 @@ async def join_cluster(
     app: NodeApp,
     config: ClusterConfig,
     address: str,
+    semaphores: list[str],
     *,
     task_status: trio.TaskStatus[MembershipActor],
 ) -> None:
@@ -113,7 +116,7 @@ async def join_cluster(
     )
     membership_actor = MembershipActor(membership, links, interval=config.gossip_interval, rng=rng)
     metrics = NodeMetrics()
-    metrics.registry.register(ClusterCollector(membership_actor, links))
+    metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     app.join_cluster(links, metrics.render)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(config.join) or "-")
     async with trio.open_nursery() as nursery:

@@ -15,29 +15,41 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
+from sluicegate.cluster.ring import Ring, semaphore_key
+
 from .nodes import NodeProcess
 
 pytestmark = pytest.mark.process
 
-CONFIG = """
+SEMAPHORES = ["A", *(f"S{i}" for i in range(29))]
+CONFIG = (
+    """
 [semaphores]
 A = 1
+"""
+    + "".join(f"S{i} = 2\n" for i in range(29))
+    + """
 
 [cluster]
 down_after = "2s"
 gossip_interval = "200ms"
 """
+)
 SECRET = {"SLUICEGATE_CLUSTER_SECRET": "test-secret"}
 
 
-def members_up(node: NodeProcess) -> int | None:
+def gauge(node: NodeProcess, name: str) -> int | None:
     try:
         with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
             text = response.read().decode()
     except OSError:
         return None
-    match = re.search(r"^sluicegate_members_up (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     return int(float(match.group(1))) if match else None
+
+
+def members_up(node: NodeProcess) -> int | None:
+    return gauge(node, "sluicegate_members_up")
 
 
 def wait_until(predicate, timeout: float, what: str) -> float:
@@ -163,3 +175,22 @@ def test_a_cluster_node_bound_to_any_address_must_say_where_it_is_reached(tmp_pa
     )
     assert result.returncode == 2
     assert "set [cluster] advertise" in result.stderr
+
+
+def test_every_node_owns_what_the_ring_says(cluster):
+    wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "converged")
+    ring = Ring(["n1", "n2", "n3"])
+    expected = {
+        name: sum(1 for s in SEMAPHORES if ring.owner(semaphore_key(s)) == name) for name in cluster
+    }
+    assert sum(expected.values()) == len(SEMAPHORES)
+    assert all(count > 0 for count in expected.values())
+    assert {
+        name: gauge(n, "sluicegate_semaphores_owned") for name, n in cluster.items()
+    } == expected
+
+    cluster["n3"].stop()
+    wait_until(lambda: members_up(cluster["n1"]) == 2, 5, "n3 gone")
+    wait_until(lambda: members_up(cluster["n2"]) == 2, 5, "n3 gone")
+    owned = [gauge(cluster[n], "sluicegate_semaphores_owned") for n in ("n1", "n2")]
+    assert sum(owned) == len(SEMAPHORES)  # n3's semaphores moved to the survivors
