@@ -68,6 +68,10 @@ class SemaphoreLeases:
         milliseconds does), so fencing tokens never repeat."""
         self._semaphores = {name: _Semaphore(name, cfg, epoch) for name, cfg in semaphores.items()}
         self._events: list[LockGranted] = []
+        # While set, a grace period runs until then: restores count, nothing new is granted.
+        self.grace_until: float | None = None
+        # Restores that left a semaphore above its max (clients allowed it; operators watch it).
+        self.restores_beyond_max = 0
 
     def request(self, peer_id: int, semaphore: str, count: int, now: float) -> bool:
         """A new lock asks for `count`: True if granted now, False if it waits in line.
@@ -76,7 +80,7 @@ class SemaphoreLeases:
         waiting) leaves room; otherwise it would overtake the waiters.
         """
         sem = self._semaphore(semaphore)
-        if sem.acquired + sem.pending + count <= sem.max:
+        if self.grace_until is None and sem.acquired + sem.pending + count <= sem.max:
             self._hold(sem, peer_id, count)
             return True
         sem.queue[peer_id] = (count, now)
@@ -107,6 +111,22 @@ class SemaphoreLeases:
         else:
             sem.acquired += count - previous
             sem.holders[peer_id] = count
+        if sem.acquired > sem.max and count != previous:
+            self.restores_beyond_max += 1
+
+    def start_grace(self, until: float) -> None:
+        """After a takeover the holders are not known yet: until `until`, accept their restores
+        but grant nothing new (it could exceed max); waiters queue in arrival order meanwhile."""
+        self.grace_until = until
+
+    def end_grace(self, now: float) -> bool:
+        """End the grace period if its time has come, granting the waiters that fit."""
+        if self.grace_until is None or now < self.grace_until:
+            return False
+        self.grace_until = None
+        for sem in self._semaphores.values():
+            self._grant_waiters(sem)
+        return True
 
     def token(self, peer_id: int, semaphore: str) -> int | None:
         """The fencing token of the peer's grant on `semaphore`; None unless it holds a lock."""
@@ -149,7 +169,9 @@ class SemaphoreLeases:
 
     def _grant_waiters(self, sem: _Semaphore) -> None:
         # Strict FIFO: stop at the first waiter that does not fit, so a large count is never
-        # starved by small ones arriving after it.
+        # starved by small ones arriving after it. Nobody is granted during a grace period.
+        if self.grace_until is not None:
+            return
         room = sem.max - sem.acquired
         queue = sem.queue
         while queue:

@@ -110,15 +110,29 @@ class SemaphoreCore:
 
     # -- time --------------------------------------------------------------------------------
 
+    def start_grace(self, until: float) -> None:
+        """Accept restores but grant nothing new until `until` (after a takeover)."""
+        self._leases.start_grace(until)
+
+    @property
+    def restores_beyond_max(self) -> int:
+        return self._leases.restores_beyond_max
+
     def next_deadline(self) -> float | None:
-        """When `expire` has work to do next; None while there is no peer."""
-        return self._peers.next_deadline()
+        """When `expire` has work to do next: a peer's expiry or the end of a grace period."""
+        deadlines = [
+            d for d in (self._peers.next_deadline(), self._leases.grace_until) if d is not None
+        ]
+        return min(deadlines) if deadlines else None
 
     def expire(self, now: float) -> list[int]:
-        """Remove every peer whose deadline is at or before `now`; returns their ids."""
+        """Remove every peer whose deadline is at or before `now`, and end a grace period that
+        is over; returns the ids of the expired peers."""
         expired = self._peers.expire(now)
         for peer_id, locks in expired:
             self._peer_gone(peer_id, locks, expired=True)
+        if self._leases.end_grace(now):
+            self._deliver_grants()
         return [peer_id for peer_id, _ in expired]
 
     # -- observation -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from sluicegate.cluster.errors import AlreadyPending, UnknownPeer, UnknownSemaphore
 from sluicegate.cluster.peers import AskOwner, PeerTable
 from sluicegate.cluster.semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases
+from sluicegate.cluster.semaphores import SemaphoreCore
 
 CONFIG = {"A": SemaphoreConfig(2, level=0), "B": SemaphoreConfig(1, level=1)}
 
@@ -163,3 +164,41 @@ def test_a_later_life_of_the_owner_continues_above_the_earlier_one():
     later.request(1, "A", 1, now=0)
     assert later.token(1, "A") > earlier.token(5000, "A")
     assert later.token(1, "A") < 2**64  # fits Throttle's u64 world
+
+
+def test_grace_period_accepts_restores_and_grants_nothing_until_it_ends(owner):
+    owner.start_grace(until=10)
+    assert owner.request(1, "A", 1, now=0) is False  # room enough, but holders may be unknown
+    owner.restore(7, "A", 2)  # a holder comes back
+    assert owner.remainder("A") == 0
+    assert owner.end_grace(9.9) is False
+    owner.release(7, "A")  # releases during grace grant nobody either
+    assert owner.events() == []
+    assert owner.end_grace(10) is True
+    assert owner.events() == [LockGranted(1, "A", 1)]
+    assert owner.grace_until is None
+
+
+def test_restores_beyond_max_are_counted_once(owner):
+    owner.restore(1, "B", 1)
+    assert owner.restores_beyond_max == 0  # exactly max
+    owner.restore(2, "B", 1)
+    assert owner.restores_beyond_max == 1
+    owner.restore(2, "B", 1)  # a retry of the same restore
+    assert owner.restores_beyond_max == 1
+
+
+def test_core_wakes_at_the_end_of_grace():
+    core = SemaphoreCore(CONFIG)
+    rng = random.Random(5)
+    holder, waiter = core.new_peer(100, rng), core.new_peer(100, rng)
+    core.start_grace(until=5)
+    assert core.next_deadline() == 5
+    assert core.acquire(waiter, "B", 1, now=1) is False
+    core.restore(holder, {"B": 1}, expires_at=100)
+    core.release_lock(holder, "B")
+    assert core.expire(4) == [] and core.events() == []
+    core.expire(5)
+    assert core.events() == [LockGranted(waiter, "B", 1)]
+    assert core.is_acquired(waiter)
+    assert core.next_deadline() == 100
