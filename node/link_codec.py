@@ -3,8 +3,40 @@
 from __future__ import annotations
 
 from sluicegate.cluster.membership import Gossip, MemberState
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    AcquireOutcome,
+    Heartbeat,
+    IsAcquired,
+    ListPeers,
+    NewPeer,
+    ReleaseLock,
+    ReleasePeer,
+    Remainder,
+    Restore,
+)
 
 from .links import HANDSHAKE_MESSAGES
+from .rpc import Call, Failure, Reply
 from .wire import Codec
 
-LINK_CODEC = Codec({1: Gossip, 2: MemberState, **HANDSHAKE_MESSAGES})
+LINK_CODEC = Codec(
+    {
+        1: Gossip,
+        2: MemberState,
+        3: Call,
+        4: Reply,
+        5: Failure,
+        10: NewPeer,
+        11: Heartbeat,
+        12: ReleasePeer,
+        13: Acquire,
+        14: ReleaseLock,
+        15: IsAcquired,
+        16: Remainder,
+        17: Restore,
+        18: ListPeers,
+        19: AcquireOutcome,
+        **HANDSHAKE_MESSAGES,
+    }
+)

@@ -57,7 +57,7 @@ class Codec:
     def _value_to_wire(self, value: object) -> object:
         if type(value) in self._tags:
             return self._to_wire(value)
-        if isinstance(value, tuple):
+        if isinstance(value, tuple | list):
             return [self._value_to_wire(v) for v in value]
         if isinstance(value, Mapping):
             return dict(value)
@@ -124,6 +124,10 @@ class Codec:
                 return value
         elif hint in self._tags:
             return self._from_wire(value, where, expected=hint)
+        elif origin is list:
+            (element,) = typing.get_args(hint)
+            if isinstance(value, list):
+                return [self._check(v, element, f"{where}[]") for v in value]
         elif origin is tuple:
             (element, _ellipsis) = typing.get_args(hint)
             if isinstance(value, list):

@@ -1,0 +1,138 @@
+"""Calls between nodes: an operation goes to another node over its link, and the answer comes back.
+
+`Rpc.call` sends a `Call` with a fresh id and waits for its `Reply` (the result) or `Failure` (a
+domain error, rebuilt here from its class name and arguments, so callers see the same exception
+they would see locally). A call that cannot get an answer, because there is no link, the time ran
+out, or the other node cannot serve it, raises `Unavailable`, which the HTTP shell answers with 503:
+the stock client retries it, and no wrong answer is ever given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from sluicegate.cluster import errors
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    AcquireOutcome,
+    Heartbeat,
+    IsAcquired,
+    ListPeers,
+    NewPeer,
+    Operation,
+    ReleaseLock,
+    ReleasePeer,
+    Remainder,
+    Restore,
+)
+
+from .links import Links
+
+log = logging.getLogger("sluicegate.rpc")
+
+
+class Unavailable(Exception):
+    """No node can serve this request right now (HTTP 503); trying again later may work."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    call_id: int
+    op: (
+        NewPeer
+        | Heartbeat
+        | ReleasePeer
+        | Acquire
+        | ReleaseLock
+        | IsAcquired
+        | Remainder
+        | Restore
+        | ListPeers
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    call_id: int
+    result: AcquireOutcome | bool | int | list[int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    call_id: int
+    error: str  # a SemaphoreError class name, or "Unavailable"
+    args: list[int | str]
+
+
+_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.UnknownSemaphore,
+        errors.UnknownPeer,
+        errors.LockNeverAcquirable,
+        errors.LockHierarchyViolation,
+        errors.AlreadyPending,
+        errors.InvalidLockCount,
+        errors.RestoreConflict,
+        errors.ShrinkingLockCount,
+        Unavailable,
+    )
+}
+
+
+class _Slot:
+    __slots__ = ("done", "message")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.message: Reply | Failure | None = None
+
+
+class Rpc:
+    def __init__(self, links: Links) -> None:
+        self._links = links
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, _Slot] = {}
+
+    async def call(self, node_id: str, op: Operation, timeout: float) -> object:
+        """Run `op` on node `node_id`; its result, its domain error, or `Unavailable`."""
+        if not self._links.status().get(node_id):
+            raise Unavailable(f"no link to {node_id}")
+        call_id = next(self._ids)
+        slot = self._waiting[call_id] = _Slot()
+        try:
+            self._links.send(node_id, Call(call_id, op))
+            with trio.move_on_after(timeout):
+                await slot.done.wait()
+        finally:
+            del self._waiting[call_id]
+        message = slot.message
+        if message is None:
+            raise Unavailable(f"{node_id} did not answer within {timeout:g} s")
+        if isinstance(message, Reply):
+            return message.result
+        raise _ERRORS[message.error](*message.args)
+
+    def answered(self, message: Reply | Failure) -> None:
+        """A `Reply` or `Failure` arrived; late answers (the caller gave up) are dropped."""
+        slot = self._waiting.get(message.call_id)
+        if slot is not None:
+            slot.message = message
+            slot.done.set()
+
+    async def serve(
+        self, remote_id: str, call: Call, handler: Callable[[Operation], Awaitable[object]]
+    ) -> None:
+        """Answer a `Call` from `remote_id` with what `handler` makes of its operation."""
+        try:
+            result = await handler(call.op)
+        except (errors.SemaphoreError, Unavailable) as error:
+            answer: Reply | Failure = Failure(call.call_id, type(error).__name__, list(error.args))
+        else:
+            answer = Reply(call.call_id, result)
+        self._links.send(remote_id, answer)

@@ -1,0 +1,132 @@
+"""Calls between nodes over in-memory links under the virtual clock.
+
+pytest-trio only runs a test under a clock that the test itself asks for, hence `autojump_clock` in
+every signature.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+import trio.testing
+from trio_websocket import wrap_client_stream, wrap_server_stream
+
+from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    AcquireOutcome,
+    IsAcquired,
+    ListPeers,
+    Remainder,
+)
+from sluicegate.node.link_codec import LINK_CODEC
+from sluicegate.node.links import Links
+from sluicegate.node.rpc import Call, Failure, Reply, Rpc, Unavailable
+
+
+class Pair:
+    """Node "a" calls node "b", whose handler is replaceable per test."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.handler = None
+        self.rpcs: dict[str, Rpc] = {}
+        self.nodes: dict[str, Links] = {}
+        for name in ("a", "b"):
+            self.nodes[name] = Links(
+                name, b"k", LINK_CODEC, self._dial, self._deliver(name), random.Random(name)
+            )
+            self.rpcs[name] = Rpc(self.nodes[name])
+
+    def _deliver(self, name: str):
+        async def deliver(remote_id: str, messages: list[object]) -> None:
+            for message in messages:
+                if isinstance(message, Call):
+                    self.nursery.start_soon(self.rpcs[name].serve, remote_id, message, self.handler)
+                else:
+                    self.rpcs[name].answered(message)
+
+        return deliver
+
+    async def _dial(self, connection_nursery: trio.Nursery, address: str):
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self._serve, address, server_stream)
+        return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
+
+    async def _serve(self, address: str, stream) -> None:
+        async with trio.open_nursery() as nursery:
+            conn = await (await wrap_server_stream(nursery, stream)).accept()
+            await self.nodes[address].accept(conn)
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def pair(nursery):
+    with trio.fail_after(600):
+        pair = Pair(nursery)
+        nursery.start_soon(pair.nodes["a"].keep_linked, "b", "b")
+        await trio.sleep(1)
+        yield pair
+
+
+async def test_a_call_returns_the_remote_result(autojump_clock, pair):
+    async def handler(op):
+        return {Remainder: 7, ListPeers: [19, 0]}.get(type(op), AcquireOutcome(True, 42))
+
+    pair.handler = handler
+    rpc = pair.rpcs["a"]
+    assert await rpc.call("b", Remainder("A"), timeout=5) == 7
+    # A peer list that looks like a tagged message still comes back as a list.
+    assert await rpc.call("b", ListPeers(), timeout=5) == [19, 0]
+    assert await rpc.call("b", Acquire(1, "A", 1), timeout=5) == AcquireOutcome(True, 42)
+
+
+async def test_domain_errors_arrive_as_the_same_exceptions(autojump_clock, pair):
+    async def handler(op):
+        if isinstance(op, Acquire):
+            raise LockNeverAcquirable(5, 1)
+        raise UnknownPeer(op.peer_id)
+
+    pair.handler = handler
+    with pytest.raises(LockNeverAcquirable) as error:
+        await pair.rpcs["a"].call("b", Acquire(1, "A", 5), timeout=5)
+    assert (error.value.asked, error.value.max) == (5, 1)
+    with pytest.raises(UnknownPeer):
+        await pair.rpcs["a"].call("b", IsAcquired(2**64 - 1), timeout=5)
+
+
+async def test_no_link_or_no_answer_is_unavailable(autojump_clock, pair):
+    async def slow(op):
+        await trio.sleep(100)
+
+    pair.handler = slow
+    with pytest.raises(Unavailable):
+        await pair.rpcs["a"].call("nobody", Remainder("A"), timeout=5)
+    started = trio.current_time()
+    with pytest.raises(Unavailable):
+        await pair.rpcs["a"].call("b", Remainder("A"), timeout=5)
+    assert trio.current_time() - started == pytest.approx(5)
+    await trio.sleep(200)  # the late answer arrives and is dropped without harm
+
+
+async def test_the_remote_can_refuse_with_unavailable(autojump_clock, pair):
+    async def refuse(op):
+        raise Unavailable("not the owner")
+
+    pair.handler = refuse
+    with pytest.raises(Unavailable, match="not the owner"):
+        await pair.rpcs["a"].call("b", Remainder("A"), timeout=5)
+
+
+def test_rpc_messages_round_trip_through_the_link_codec():
+    messages = [
+        Call(1, Acquire(2**64 - 1, "ä/b", 3, 1.5, None)),
+        Reply(1, AcquireOutcome(True, 2**62)),
+        Reply(2, [19, 0]),
+        Reply(3, None),
+        Reply(4, True),
+        Failure(5, "LockHierarchyViolation", [0, 1]),
+    ]
+    assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
