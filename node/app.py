@@ -11,17 +11,21 @@ from collections.abc import Callable
 from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .links import Links
-from .semaphore_actor import SemaphoreActor
+from .semaphore_service import ClusterSemaphores, LocalSemaphores
 
 
 class NodeApp:
-    def __init__(self, actor: SemaphoreActor) -> None:
-        self.throttle = ThrottleApi(actor)
+    def __init__(self, semaphores: LocalSemaphores) -> None:
+        self.throttle = ThrottleApi(semaphores)
         self.router = Router(self.throttle)
         self.links: Links | None = None
 
-    def join_cluster(self, links: Links, extra_metrics: Callable[[], str]) -> None:
-        """From now on, serve node links at `/cluster` and the cluster's metrics."""
+    def join_cluster(
+        self, semaphores: ClusterSemaphores, links: Links, extra_metrics: Callable[[], str]
+    ) -> None:
+        """From now on, serve semaphores through the cluster, node links at `/cluster`, and the
+        cluster's metrics."""
+        self.throttle.semaphores = semaphores
         self.links = links
         self.throttle.extra_metrics = extra_metrics
 

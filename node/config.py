@@ -22,6 +22,8 @@ secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_S
 advertise = "10.0.0.1:8000"       # where other nodes reach this one (default: the bound address)
 down_after = "3s"                 # a member silent this long is down
 gossip_interval = "500ms"
+takeover_grace = "5s"             # after a takeover: restores only, no new grants, this long
+cold_start_grace = "0s"           # the same after the whole cluster started cold
 ```
 """
 
@@ -54,6 +56,10 @@ class ClusterConfig:
     advertise: str | None = None
     down_after: float = 3.0
     gossip_interval: float = 0.5
+    # After a takeover, restores are accepted but nothing new is granted for this long.
+    takeover_grace: float = 5.0
+    # The same after a cold start of the whole cluster: none, as Throttle does.
+    cold_start_grace: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,10 +163,12 @@ def _cluster(table: object, source: str) -> ClusterConfig:
         advertise=advertise,
         down_after=_duration(table, "down_after", 3.0, source),
         gossip_interval=_duration(table, "gossip_interval", 0.5, source),
+        takeover_grace=_duration(table, "takeover_grace", 5.0, source, zero_ok=True),
+        cold_start_grace=_duration(table, "cold_start_grace", 0.0, source, zero_ok=True),
     )
 
 
-def _duration(table: dict, key: str, default: float, source: str) -> float:
+def _duration(table: dict, key: str, default: float, source: str, zero_ok=False) -> float:
     value = table.get(key)
     if value is None:
         return default
@@ -170,6 +178,6 @@ def _duration(table: dict, key: str, default: float, source: str) -> float:
         seconds = parse_duration(value)
     except DurationError as error:
         raise ConfigError(f"{source}: cluster.{key}: {error}") from None
-    if seconds <= 0:
+    if seconds <= 0 and not (zero_ok and seconds == 0):
         raise ConfigError(f"{source}: cluster.{key} must be longer than zero")
     return seconds

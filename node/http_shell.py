@@ -29,7 +29,8 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
-from .semaphore_actor import SemaphoreActor
+from .rpc import Unavailable
+from .semaphore_service import ClusterSemaphores, LocalSemaphores
 from .throttle_metrics import render as render_throttle_metrics
 
 log = logging.getLogger("sluicegate.http")
@@ -208,19 +209,25 @@ def _expires_in_body(value: object) -> float:
 
 
 class ThrottleApi:
-    """Handlers for every Throttle route, bound to one semaphore actor."""
+    """Handlers for every Throttle route, bound to where semaphores are served."""
 
     def __init__(
-        self, actor: SemaphoreActor, extra_metrics: Callable[[], str] = lambda: ""
+        self, semaphores: LocalSemaphores | ClusterSemaphores, extra_metrics=lambda: ""
     ) -> None:
-        self.actor = actor
-        self.extra_metrics = extra_metrics
+        self.semaphores = semaphores
+        self.extra_metrics: Callable[[], str] = extra_metrics
 
     async def index(self, request: Request) -> Response:
         return text("Hello from Throttle!")
 
     async def health(self, request: Request) -> Response:
         return text("Ok")
+
+    async def ready(self, request: Request) -> Response:
+        # Ours: 200 once this node can serve semaphores (a cluster node after joining).
+        if self.semaphores.ready:
+            return text("Ok")
+        return text("Not ready", 503)
 
     async def version(self, request: Request) -> Response:
         return text(VERSION)
@@ -229,25 +236,25 @@ class ThrottleApi:
         return Response(200, _FAVICON, "image/x-icon")
 
     async def metrics(self, request: Request) -> Response:
-        throttle = render_throttle_metrics(await self.actor.stats())
+        throttle = render_throttle_metrics(await self.semaphores.stats())
         return text(throttle + self.extra_metrics())
 
     async def new_peer(self, request: Request) -> Response:
         expires_in = _expires_in_body(await request.json())
-        return json_response(await self.actor.call(NewPeer(expires_in)))
+        return json_response(await self.semaphores.call(NewPeer(expires_in)))
 
     async def list_peers(self, request: Request) -> Response:
-        peer_ids = await self.actor.call(ListPeers())
+        peer_ids = await self.semaphores.call(ListPeers())
         return json_response([{"id": peer_id} for peer_id in peer_ids])
 
     async def heartbeat(self, request: Request, peer: bytes) -> Response:
         peer_id = _peer_id(peer)
         expires_in = _expires_in_body(await request.json())
-        await self.actor.call(Heartbeat(peer_id, expires_in))
+        await self.semaphores.call(Heartbeat(peer_id, expires_in))
         return text("Ok")
 
     async def release_peer(self, request: Request, peer: bytes) -> Response:
-        released = await self.actor.call(ReleasePeer(_peer_id(peer)))
+        released = await self.semaphores.call(ReleasePeer(_peer_id(peer)))
         return json_response("Peer released" if released else "Peer not found")
 
     async def acquire(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
@@ -258,7 +265,7 @@ class ThrottleApi:
         )
         body = await request.json()
         count = _shaped(lambda: serde.integer(body, serde.I64, "i64"))
-        outcome = await self.actor.call(
+        outcome = await self.semaphores.call(
             Acquire(peer_id, name, count, query.get("expires_in"), query.get("block_for"))
         )
         response = json_response(peer_id, 200 if outcome.acquired else 202)
@@ -269,15 +276,15 @@ class ThrottleApi:
 
     async def release_lock(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
         peer_id = _peer_id(peer, in_tuple=True)
-        await self.actor.call(ReleaseLock(peer_id, _semaphore_name(semaphore)))
+        await self.semaphores.call(ReleaseLock(peer_id, _semaphore_name(semaphore)))
         return text("Ok")
 
     async def is_acquired(self, request: Request, peer: bytes) -> Response:
-        return json_response(await self.actor.call(IsAcquired(_peer_id(peer))))
+        return json_response(await self.semaphores.call(IsAcquired(_peer_id(peer))))
 
     async def remainder(self, request: Request) -> Response:
         query = _query(request, {"semaphore": str}, required=("semaphore",))
-        return json_response(await self.actor.call(Remainder(query["semaphore"])))
+        return json_response(await self.semaphores.call(Remainder(query["semaphore"])))
 
     async def restore(self, request: Request) -> Response:
         body = await request.json()
@@ -303,7 +310,9 @@ class ThrottleApi:
                 },
             )
         )
-        await self.actor.call(Restore(fields["peer_id"], fields["expires_in"], fields["acquired"]))
+        await self.semaphores.call(
+            Restore(fields["peer_id"], fields["expires_in"], fields["acquired"])
+        )
         return text("Ok")
 
 
@@ -320,6 +329,7 @@ class Router:
         self.static = {
             b"/": {"GET": api.index},
             b"/health": {"GET": api.health},
+            b"/ready": {"GET": api.ready},
             b"/version": {"GET": api.version},
             b"/favicon.ico": {"GET": api.favicon},
             b"/metrics": {"GET": api.metrics},
@@ -376,3 +386,7 @@ async def handle(router: Router, request: Request) -> Response:
         return rejection.response
     except errors.SemaphoreError as error:
         return domain_error(error)
+    except Unavailable as unavailable:
+        # The stock client retries 503; this is never a wrong answer, only a later one.
+        log.info("503 for %s %s: %s", request.method, request.raw_path, unavailable)
+        return text("Service Unavailable: no node can serve this request now; retry.", 503)

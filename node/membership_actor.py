@@ -54,6 +54,25 @@ class MembershipActor:
     def live_members(self) -> dict[str, str]:
         return self._membership.live_members()
 
+    def heartbeat_of(self, node_id: str) -> int:
+        state = self._membership.state_of(node_id)
+        return state.heartbeat if state is not None else 0
+
+    def oldest_member(self) -> str | None:
+        """The live member that started first (smallest generation, then id); every node that
+        sees the same members picks the same one."""
+        states = [self._membership.state_of(node_id) for node_id in self.live_members()]
+        oldest = min(
+            (s for s in states if s is not None),
+            key=lambda s: (s.generation, s.node_id),
+            default=None,
+        )
+        return oldest.node_id if oldest is not None else None
+
+    def heartbeats(self) -> dict[str, int]:
+        """Gossip heartbeat count of each live member: how many ticks it has lived."""
+        return {node_id: self.heartbeat_of(node_id) for node_id in self.live_members()}
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery

@@ -9,21 +9,27 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sluicegate.cluster.ring import semaphore_key
 
 from .links import Links
 from .membership_actor import MembershipActor
+from .semaphore_service import ClusterSemaphores
 
 
 class ClusterCollector(Collector):
     def __init__(
-        self, membership: MembershipActor, links: Links, semaphores: Iterable[str]
+        self,
+        membership: MembershipActor,
+        links: Links,
+        service: ClusterSemaphores,
+        semaphores: Iterable[str],
     ) -> None:
         self._membership = membership
         self._links = links
+        self._service = service
         self._semaphore_keys = [semaphore_key(name) for name in semaphores]
 
     def collect(self):
@@ -37,6 +43,24 @@ class ClusterCollector(Collector):
             "sluicegate_semaphores_owned",
             "Configured semaphores whose ring owner this node is, by its view of the members.",
             value=sum(1 for key in self._semaphore_keys if ring.owner(key) == me),
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_authority",
+            "1 while this node holds the semaphores' state (interim: one node holds all of it).",
+            value=1 if self._service.serving else 0,
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_ready", "1 once this node serves requests.", value=int(self._service.ready)
+        )
+        yield CounterMetricFamily(
+            "sluicegate_requests_forwarded",
+            "Semaphore requests this node forwarded to the node holding the state.",
+            value=self._service.forwarded,
+        )
+        yield CounterMetricFamily(
+            "sluicegate_takeovers",
+            "Times this node took over the semaphores from another node.",
+            value=self._service.takeovers,
         )
         link_up = GaugeMetricFamily(
             "sluicegate_link_up", "1 while the link to that node is connected.", labels=["node"]

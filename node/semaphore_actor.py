@@ -53,6 +53,14 @@ class _StopBlocking:
         self.done = trio.Event()
 
 
+class _Reset:
+    """Control message: replace the core (this node gained or lost the state's authority)."""
+
+    def __init__(self, core: SemaphoreCore) -> None:
+        self.core = core
+        self.done = trio.Event()
+
+
 class _Stats:
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -90,6 +98,12 @@ class SemaphoreActor:
         await self._send.send(message)
         await message.done.wait()
         return message.result
+
+    async def reset(self, core: SemaphoreCore) -> None:
+        """Serve from `core` from now on; parked acquires are answered "not yet" (202)."""
+        message = _Reset(core)
+        await self._send.send(message)
+        await message.done.wait()
 
     async def stop_blocking(self) -> None:
         message = _StopBlocking()
@@ -144,7 +158,12 @@ class SemaphoreActor:
                 self._unpark(request)
                 request.succeed(NOT_YET)
 
-    def _handle(self, message: _Request | _StopBlocking | _Stats, now: float) -> None:
+    def _handle(self, message: _Request | _StopBlocking | _Reset | _Stats, now: float) -> None:
+        if isinstance(message, _Reset):
+            self._answer_all_parked()
+            self._core = message.core
+            message.done.set()
+            return
         if isinstance(message, _Stats):
             message.result = self._core.stats(now)
             message.done.set()

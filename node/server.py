@@ -4,6 +4,7 @@ node links), until SIGTERM or Ctrl-C."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 import signal
 import time
@@ -16,12 +17,14 @@ from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.semaphores import SemaphoreCore
 
 from .app import NodeApp
-from .config import ClusterConfig, NodeConfig
+from .config import NodeConfig
 from .link_codec import LINK_CODEC
 from .links import Links, websocket_dialer
 from .membership_actor import MembershipActor
 from .node_metrics import ClusterCollector, NodeMetrics
+from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
+from .semaphore_service import ClusterSemaphores, LocalSemaphores
 
 log = logging.getLogger("sluicegate.node")
 
@@ -64,7 +67,7 @@ async def run_node(
                 stopping.set()
                 return
 
-    app = NodeApp(actor)
+    app = NodeApp(LocalSemaphores(actor))
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         await nursery.start(actor.run)
@@ -77,9 +80,7 @@ async def run_node(
             url = binds[0]
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
-                cluster = await nursery.start(
-                    join_cluster, app, config.cluster, address, list(config.semaphores)
-                )
+                cluster = await nursery.start(join_cluster, app, actor, config, address)
             log.info("Listening on %s", url)
             task_status.started(url)
         # `serve` returns once in-flight requests are done; nothing needs the actors any more.
@@ -90,35 +91,56 @@ async def run_node(
 
 async def join_cluster(
     app: NodeApp,
-    config: ClusterConfig,
+    actor: SemaphoreActor,
+    config: NodeConfig,
     address: str,
-    semaphores: list[str],
     *,
     task_status: trio.TaskStatus[MembershipActor],
 ) -> None:
-    """Run membership and node links for this node, reachable at `address` (host:port)."""
-    assert config.secret, "the command line refuses a cluster without a secret"
-    node_id = config.node_id or address
+    """Run membership, node links and forwarding for this node, reachable at `address`."""
+    cluster = config.cluster
+    assert cluster.secret, "the command line refuses a cluster without a secret"
+    node_id = cluster.node_id or address
     rng = random.Random()
     membership_actor: MembershipActor | None = None
+    semaphores: ClusterSemaphores | None = None
+    rpc: Rpc | None = None
 
     async def deliver(remote_id: str, messages: list[object]) -> None:
         for message in messages:
             if isinstance(message, Gossip):
                 membership_actor.receive(message)
+            elif isinstance(message, Call):
+                nursery.start_soon(rpc.serve, remote_id, message, semaphores.serve)
+            elif isinstance(message, Reply | Failure):
+                rpc.answered(message)
             else:
                 log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
 
-    links = Links(node_id, config.secret.encode(), LINK_CODEC, websocket_dialer, deliver, rng)
+    links = Links(node_id, cluster.secret.encode(), LINK_CODEC, websocket_dialer, deliver, rng)
+    rpc = Rpc(links)
     # A new generation per start: the wall clock only orders this node's own lives.
     membership = Membership(
-        node_id, address, time.time_ns(), config.join, down_after=config.down_after
+        node_id, address, time.time_ns(), cluster.join, down_after=cluster.down_after
     )
-    membership_actor = MembershipActor(membership, links, interval=config.gossip_interval, rng=rng)
+    membership_actor = MembershipActor(membership, links, interval=cluster.gossip_interval, rng=rng)
+    semaphores = ClusterSemaphores(
+        actor,
+        config.semaphores,
+        membership_actor,
+        rpc,
+        settle=cluster.down_after,
+        takeover_grace=cluster.takeover_grace,
+        cold_start_grace=cluster.cold_start_grace,
+        settled_ticks=math.ceil(cluster.down_after / cluster.gossip_interval),
+    )
     metrics = NodeMetrics()
-    metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
-    app.join_cluster(links, metrics.render)
-    log.info("Node %s joining the cluster through %s.", node_id, ", ".join(config.join) or "-")
+    metrics.registry.register(
+        ClusterCollector(membership_actor, links, semaphores, list(config.semaphores))
+    )
+    app.join_cluster(semaphores, links, metrics.render)
+    log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:
         await nursery.start(membership_actor.run)
+        await nursery.start(semaphores.run)
         task_status.started(membership_actor)
