@@ -106,7 +106,10 @@ class MembershipActor:
             node_id = node_at.get(address)
             if node_id is not None and linked.get(node_id):
                 self._links.send(node_id, gossip)
-            elif node_id is None and address not in self._introducing:
+            elif address not in self._introducing:
+                # A seed, or a member with no link up: links only form in one direction (the
+                # smaller id dials), so a restarted node that knows nobody would never hear from
+                # the others; an introduction reaches it from either side.
                 self._introducing.add(address)
                 self._nursery.start_soon(self._introduce, address, gossip)
 

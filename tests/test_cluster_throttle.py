@@ -1,0 +1,196 @@
+"""Three real nodes behind a real HAProxy, driven by the stock throttle-client from PyPI.
+
+Consecutive requests land on different nodes (HAProxy balances round robin), the node holding
+the semaphores is killed with SIGKILL while its holders heartbeat, and it comes back.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+
+import pytest
+from throttle_client import Client, PeerWithHeartbeat, lock
+
+from .haproxy import HaproxyProcess
+from .nodes import NodeProcess
+
+pytestmark = pytest.mark.process
+
+CONFIG = """
+[semaphores]
+A = 1
+B = { max = 1, level = 1 }
+C = 5
+
+[cluster]
+down_after = "1s"
+gossip_interval = "200ms"
+takeover_grace = "2s"
+"""
+SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test"}
+
+
+def gauge(node: NodeProcess, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def ready(node: NodeProcess) -> bool:
+    try:
+        with urllib.request.urlopen(f"{node.url}/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.HTTPError, OSError):
+        return False
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    nodes = {
+        "n1": NodeProcess(CONFIG, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET)
+    }
+    nodes["n1"].start()
+    for name in ("n2", "n3"):
+        nodes[name] = NodeProcess(
+            CONFIG,
+            workdir=tmp_path / name,
+            args=["--node-id", name, "--join", f"127.0.0.1:{nodes['n1'].port}"],
+            env=SECRET,
+        ).start()
+    balancer = HaproxyProcess([n.url for n in nodes.values()], workdir=tmp_path / "haproxy")
+    try:
+        balancer.start()
+        wait_until(
+            lambda: all(
+                ready(n) and gauge(n, "sluicegate_members_up") == 3 for n in nodes.values()
+            ),
+            15,
+            "three ready members",
+        )
+        yield nodes, balancer
+    finally:
+        balancer.kill()
+        for node in nodes.values():
+            node.kill()
+
+
+def test_the_stock_client_works_through_the_load_balancer(cluster):
+    nodes, balancer = cluster
+    url = balancer.url
+    with lock(url, "C", count=4):
+        assert Client(url).remainder("C") == 1
+        with pytest.raises(ValueError, match="Lock can never be acquired"):
+            Client(url).acquire(Client(url).new_peer(timedelta(minutes=1)), "C", count=6)
+    assert Client(url).remainder("C") == 5
+    with lock(url, "B"):
+        with lock(url, "A"):
+            assert Client(url).remainder("A") == 0
+    # One node holds the state; the others forwarded what HAProxy sent them.
+    assert sum(gauge(n, "sluicegate_authority") for n in nodes.values()) == 1
+    forwarding = [n for n in nodes.values() if gauge(n, "sluicegate_requests_forwarded_total")]
+    assert len(forwarding) == 2
+
+
+def test_a_waiter_is_granted_through_another_node_at_the_release(cluster):
+    _, balancer = cluster
+    holder = PeerWithHeartbeat.from_server_url(balancer.url)
+    assert holder.acquire("A")
+    granted_at: list[float] = []
+
+    def waiter() -> None:
+        with lock(balancer.url, "A", timeout=timedelta(seconds=20)):
+            granted_at.append(time.monotonic())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.5)
+    released_at = time.monotonic()
+    holder.release("A")
+    thread.join(20)
+    assert granted_at and granted_at[0] - released_at < 1.0
+    holder.remove_from_server()
+
+
+def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
+    nodes, balancer = cluster
+    url = balancer.url
+    client = Client(url)
+    holders = []
+    for count in (3, 2):
+        peer = PeerWithHeartbeat(
+            client,
+            expiration_time=timedelta(seconds=30),
+            heartbeat_interval=timedelta(seconds=0.3),
+        )
+        assert peer.acquire("C", count=count)
+        peer.start_heartbeat()
+        holders.append(peer)
+    before = Client(nodes["n2"].url)
+    token_before = int(
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{nodes['n2'].url}/peers/{holders[0].id}/C",
+                data=b"3",
+                method="PUT",
+                headers={"Content-Type": "application/json"},
+            ),
+            timeout=5,
+        ).headers["sluicegate-fencing-token"]
+    )
+    assert before.remainder("C") == 0
+
+    authority = next(n for n in nodes.values() if gauge(n, "sluicegate_authority") == 1)
+    survivors = [n for n in nodes.values() if n is not authority]
+    authority.kill()
+
+    # A survivor takes over; the heartbeat threads meet `Unknown peer` and restore their locks.
+    wait_until(
+        lambda: sum(gauge(n, "sluicegate_authority") or 0 for n in survivors) == 1,
+        10,
+        "takeover",
+    )
+    wait_until(lambda: Client(survivors[0].url).remainder("C") == 0, 30, "holders restored")
+
+    # Nothing is granted beyond max while the holders hold, and a waiter gets in after a release.
+    waiter = client.new_peer(timedelta(minutes=1))
+    assert client.acquire(waiter, "C", count=1) is False
+    assert Client(survivors[1].url).remainder("C") == 0
+    holders[1].stop_heartbeat()
+    holders[1].remove_from_server()
+    wait_until(lambda: client.is_acquired(waiter), 10, "waiter granted after the release")
+    token_after = int(
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{survivors[0].url}/peers/{waiter}/C",
+                data=b"1",
+                method="PUT",
+                headers={"Content-Type": "application/json"},
+            ),
+            timeout=5,
+        ).headers["sluicegate-fencing-token"]
+    )
+    assert token_after > token_before
+
+    # The killed node comes back as the youngest member: it does not take the state back.
+    authority.restart()
+    wait_until(lambda: ready(authority), 10, "restarted node ready")
+    assert gauge(authority, "sluicegate_authority") == 0
+    assert client.remainder("C") == 1  # holder 0 (3) and the waiter (1) of 5
+    holders[0].stop_heartbeat()
