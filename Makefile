@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the package metadata changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench clean haproxy
+.PHONY: run test lint bench clean haproxy cluster
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(INSTALLED): pyproject.toml
 
 run: $(INSTALLED)
 	$(BIN)/sluicegate-node -c deploy/example.toml --address 127.0.0.1 --port 8000
+
+# Three nodes and HAProxy on loopback, until Ctrl-C.
+cluster: $(INSTALLED) haproxy
+	$(BIN)/python deploy/local_cluster.py
 
 test: $(INSTALLED) haproxy
 	$(BIN)/python -m pytest
