@@ -109,6 +109,11 @@ class Membership:
         entry = self._others.get(node_id)
         return entry.state if entry is not None else None
 
+    def last_advanced(self, node_id: str) -> float | None:
+        """When (by our clock) another member's entry last advanced; None for unknown or self."""
+        entry = self._others.get(node_id)
+        return entry.changed_at if entry is not None else None
+
     def events(self) -> list[MembershipEvent]:
         events, self._events = self._events, []
         return events

@@ -69,6 +69,16 @@ class MembershipActor:
         )
         return oldest.node_id if oldest is not None else None
 
+    def gossip_lag(self) -> dict[str, float]:
+        """Seconds since each other live member's entry last advanced (a fresh heartbeat)."""
+        now = self._clock()
+        lags = {}
+        for node_id in self.live_members():
+            advanced = self._membership.last_advanced(node_id)
+            if advanced is not None:
+                lags[node_id] = now - advanced
+        return lags
+
     def heartbeats(self) -> dict[str, int]:
         """Gossip heartbeat count of each live member: how many ticks it has lived."""
         return {node_id: self.heartbeat_of(node_id) for node_id in self.live_members()}

@@ -62,6 +62,19 @@ class ClusterCollector(Collector):
             "Times this node took over the semaphores from another node.",
             value=self._service.takeovers,
         )
+        yield CounterMetricFamily(
+            "sluicegate_restores_beyond_max",
+            "Restores that left a semaphore above its max (allowed, and worth watching).",
+            value=self._service.restores_beyond_max,
+        )
+        lag = GaugeMetricFamily(
+            "sluicegate_gossip_lag_seconds",
+            "Seconds since that member's gossip last brought news of it (a fresh heartbeat).",
+            labels=["node"],
+        )
+        for node_id, seconds in sorted(self._membership.gossip_lag().items()):
+            lag.add_metric([node_id], seconds)
+        yield lag
         link_up = GaugeMetricFamily(
             "sluicegate_link_up", "1 while the link to that node is connected.", labels=["node"]
         )

@@ -83,6 +83,8 @@ class SemaphoreActor:
         self._park_deadlines: list[tuple[float, int, _Request]] = []
         self._sequence = itertools.count()
         self._blocking = True
+        # Restores beyond max counted by cores this actor has since replaced.
+        self._restores_beyond_max_before = 0
 
     async def call(self, op: Operation) -> object:
         """Apply `op` in the actor and return its answer, raising its `SemaphoreError`."""
@@ -109,6 +111,11 @@ class SemaphoreActor:
         message = _StopBlocking()
         await self._send.send(message)
         await message.done.wait()
+
+    @property
+    def restores_beyond_max(self) -> int:
+        """Restores that left a semaphore above its max, over this node's life."""
+        return self._restores_beyond_max_before + self._core.restores_beyond_max
 
     def close(self) -> None:
         self._send.close()
@@ -161,6 +168,7 @@ class SemaphoreActor:
     def _handle(self, message: _Request | _StopBlocking | _Reset | _Stats, now: float) -> None:
         if isinstance(message, _Reset):
             self._answer_all_parked()
+            self._restores_beyond_max_before += self._core.restores_beyond_max
             self._core = message.core
             message.done.set()
             return

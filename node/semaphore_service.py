@@ -110,6 +110,10 @@ class ClusterSemaphores:
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
 
+    @property
+    def restores_beyond_max(self) -> int:
+        return self._actor.restores_beyond_max
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Wait for membership to settle, then follow the authority as the ring changes."""
         task_status.started()

@@ -194,3 +194,12 @@ def test_every_node_owns_what_the_ring_says(cluster):
     wait_until(lambda: members_up(cluster["n2"]) == 2, 5, "n3 gone")
     owned = [gauge(cluster[n], "sluicegate_semaphores_owned") for n in ("n1", "n2")]
     assert sum(owned) == len(SEMAPHORES)  # n3's semaphores moved to the survivors
+
+
+def test_gossip_lag_of_live_members_stays_below_the_timeout(cluster):
+    wait_until(lambda: members_up(cluster["n1"]) == 3, 10, "converged")
+    with urllib.request.urlopen(f"{cluster['n1'].url}/metrics", timeout=2) as response:
+        text = response.read().decode()
+    lags = dict(re.findall(r'^sluicegate_gossip_lag_seconds\{node="(\w+)"\} (\S+)$', text, re.M))
+    assert set(lags) == {"n2", "n3"}
+    assert all(0 <= float(lag) < 2.0 for lag in lags.values())

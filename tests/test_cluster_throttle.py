@@ -194,3 +194,19 @@ def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
     assert gauge(authority, "sluicegate_authority") == 0
     assert client.remainder("C") == 1  # holder 0 (3) and the waiter (1) of 5
     holders[0].stop_heartbeat()
+
+
+def test_restores_beyond_max_are_counted_at_the_state_holder(cluster):
+    nodes, balancer = cluster
+    for peer_id in (101, 102):
+        request = urllib.request.Request(
+            f"{balancer.url}/restore",
+            data=b'{"expires_in":"1m","peer_id":%d,"acquired":{"C":5}}' % peer_id,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.read() == b"Ok"
+    assert Client(balancer.url).remainder("C") == -5
+    counted = [gauge(n, "sluicegate_restores_beyond_max_total") for n in nodes.values()]
+    assert sorted(counted) == [0, 0, 1]

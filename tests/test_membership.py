@@ -200,3 +200,14 @@ def test_after_faults_heal_every_live_node_agrees(seed, count, drop, crashed):
     cluster.drop_rate = 0.0
     cluster.run(cluster.down_after + 3)
     assert cluster.agreed(set(cluster.running))
+
+
+def test_last_advanced_is_when_news_of_a_member_last_arrived():
+    node = Membership("a", "a", 1)
+    assert node.last_advanced("b") is None
+    node.receive(Gossip("b", (MemberState("b", "b", 1, 1),)), now=2.0)
+    node.receive(Gossip("c", (MemberState("b", "b", 1, 1),)), now=5.0)  # no news: same entry
+    assert node.last_advanced("b") == 2.0
+    node.receive(Gossip("b", (MemberState("b", "b", 1, 2),)), now=6.0)
+    assert node.last_advanced("b") == 6.0
+    assert node.last_advanced("a") is None
