@@ -37,6 +37,17 @@ class PeerRemoved:
     expired: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PeerRecord:
+    """One peer in a replica: its remaining lifetime, not a deadline, so no clock is shared."""
+
+    peer_id: int
+    expires_in: float
+    held: Mapping[str, int]
+    pending_semaphore: str | None
+    pending_count: int
+
+
 @dataclass(frozen=True)
 class AskOwner:
     """Acquire passed every peer-level check: the semaphore's owner decides (check 9)."""
@@ -175,6 +186,28 @@ class PeerTable:
             raise RestoreConflict()
         self._add(peer_id, _Peer(expires_at, dict(acquired)))
         return True
+
+    # -- replicas ----------------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> list[PeerRecord]:
+        return [
+            PeerRecord(
+                peer_id,
+                peer.expires_at - now,
+                dict(peer.held),
+                peer.pending[0] if peer.pending else None,
+                peer.pending[1] if peer.pending else 0,
+            )
+            for peer_id, peer in self._peers.items()
+        ]
+
+    def load(self, records: list[PeerRecord], now: float) -> None:
+        """Take over the peers of a replica (this table must be empty)."""
+        for record in records:
+            peer = _Peer(now + record.expires_in, dict(record.held))
+            if record.pending_semaphore is not None:
+                peer.pending = (record.pending_semaphore, record.pending_count)
+            self._add(record.peer_id, peer)
 
     # -- time --------------------------------------------------------------------------------
 

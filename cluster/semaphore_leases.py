@@ -46,6 +46,19 @@ class SemaphoreStats:
 TOKEN_EPOCH_SHIFT = 22
 
 
+@dataclass(frozen=True, slots=True)
+class SemaphoreRecord:
+    """One semaphore in a replica: holders with their tokens, and the waiters in arrival order."""
+
+    name: str
+    next_token: int
+    holder_ids: list[int]
+    holder_counts: list[int]
+    holder_tokens: list[int]
+    waiting_ids: list[int]
+    waiting_counts: list[int]
+
+
 class _Semaphore:
     __slots__ = ("name", "max", "acquired", "pending", "holders", "tokens", "next_token", "queue")
 
@@ -95,8 +108,17 @@ class SemaphoreLeases:
 
     def release_all(self, peer_id: int, semaphores: Iterable[str]) -> None:
         """A peer is gone: drop all its locks first, then grant waiters semaphore by semaphore."""
-        affected = [sem for sem in map(self._semaphore, semaphores) if self._drop(peer_id, sem)]
-        for sem in affected:
+        self.release_peers([(peer_id, semaphores)])
+
+    def release_peers(self, gone: Iterable[tuple[int, Iterable[str]]]) -> None:
+        """Peers are gone together (expired at the same moment): drop all their locks before
+        granting anyone, so no grant goes to a peer that is gone too."""
+        affected: dict[str, _Semaphore] = {}
+        for peer_id, semaphores in gone:
+            for sem in map(self._semaphore, semaphores):
+                if self._drop(peer_id, sem):
+                    affected.setdefault(sem.name, sem)
+        for sem in affected.values():
             self._grant_waiters(sem)
 
     def restore(self, peer_id: int, semaphore: str, count: int) -> None:
@@ -113,6 +135,41 @@ class SemaphoreLeases:
             sem.holders[peer_id] = count
         if sem.acquired > sem.max and count != previous:
             self.restores_beyond_max += 1
+
+    def snapshot(self) -> list[SemaphoreRecord]:
+        return [
+            SemaphoreRecord(
+                sem.name,
+                sem.next_token,
+                list(sem.holders),
+                list(sem.holders.values()),
+                [sem.tokens[peer_id] for peer_id in sem.holders],
+                list(sem.queue),
+                [count for count, _ in sem.queue.values()],
+            )
+            for sem in self._semaphores.values()
+        ]
+
+    def load(self, records: list[SemaphoreRecord], now: float, epoch: int) -> None:
+        """Take over a replica (these leases must be empty). Tokens continue in epoch
+        max(`epoch`, the replica's epoch + 1), so they stay above every token the replica saw
+        and any grant it missed. Waiters keep their order; their waiting starts `now`."""
+        epoch = max([epoch, *((r.next_token >> TOKEN_EPOCH_SHIFT) + 1 for r in records)])
+        for record in records:
+            sem = self._semaphores.get(record.name)
+            if sem is None:
+                continue  # no longer configured here
+            for peer_id, count, token in zip(
+                record.holder_ids, record.holder_counts, record.holder_tokens, strict=True
+            ):
+                sem.holders[peer_id] = count
+                sem.tokens[peer_id] = token
+                sem.acquired += count
+            for peer_id, count in zip(record.waiting_ids, record.waiting_counts, strict=True):
+                sem.queue[peer_id] = (count, now)
+                sem.pending += count
+        for sem in self._semaphores.values():
+            sem.next_token = epoch << TOKEN_EPOCH_SHIFT
 
     def start_grace(self, until: float) -> None:
         """After a takeover the holders are not known yet: until `until`, accept their restores

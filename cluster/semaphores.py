@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from .peers import AskOwner, PeerRemoved, PeerTable
-from .semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases, SemaphoreStats
+from .peers import AskOwner, PeerRecord, PeerRemoved, PeerTable
+from .semaphore_leases import (
+    LockGranted,
+    SemaphoreConfig,
+    SemaphoreLeases,
+    SemaphoreRecord,
+    SemaphoreStats,
+)
 
 __all__ = [
     "Event",
+    "Replica",
     "LockGranted",
     "PeerRemoved",
     "SemaphoreConfig",
@@ -32,6 +40,14 @@ __all__ = [
 ]
 
 Event = LockGranted | PeerRemoved
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """Everything a node needs to take over from the node that made this, at one moment."""
+
+    peers: list[PeerRecord]
+    semaphores: list[SemaphoreRecord]
 
 
 class SemaphoreCore:
@@ -110,6 +126,19 @@ class SemaphoreCore:
 
     # -- time --------------------------------------------------------------------------------
 
+    def replica(self, now: float) -> Replica:
+        return Replica(self._peers.snapshot(now), self._leases.snapshot())
+
+    @classmethod
+    def from_replica(
+        cls, semaphores: Mapping[str, SemaphoreConfig], replica: Replica, now: float, epoch: int
+    ) -> SemaphoreCore:
+        """A core that continues where the replica's maker left off."""
+        core = cls(semaphores, epoch)
+        core._peers.load(replica.peers, now)
+        core._leases.load(replica.semaphores, now, epoch)
+        return core
+
     def start_grace(self, until: float) -> None:
         """Accept restores but grant nothing new until `until` (after a takeover)."""
         self._leases.start_grace(until)
@@ -129,8 +158,10 @@ class SemaphoreCore:
         """Remove every peer whose deadline is at or before `now`, and end a grace period that
         is over; returns the ids of the expired peers."""
         expired = self._peers.expire(now)
-        for peer_id, locks in expired:
-            self._peer_gone(peer_id, locks, expired=True)
+        for peer_id, _ in expired:
+            self._events.append(PeerRemoved(peer_id, True))
+        self._leases.release_peers(expired)
+        self._deliver_grants()
         if self._leases.end_grace(now):
             self._deliver_grants()
         return [peer_id for peer_id, _ in expired]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from sluicegate.cluster.membership import Gossip, MemberState
+from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.semaphore_leases import SemaphoreRecord
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -15,6 +17,7 @@ from sluicegate.cluster.semaphore_ops import (
     Remainder,
     Restore,
 )
+from sluicegate.cluster.semaphores import Replica
 
 from .links import HANDSHAKE_MESSAGES
 from .rpc import Call, Failure, Reply
@@ -37,6 +40,9 @@ LINK_CODEC = Codec(
         17: Restore,
         18: ListPeers,
         19: AcquireOutcome,
+        20: Replica,
+        21: PeerRecord,
+        22: SemaphoreRecord,
         **HANDSHAKE_MESSAGES,
     }
 )

@@ -203,3 +203,18 @@ def test_core_wakes_at_the_end_of_grace():
     assert core.events() == [LockGranted(waiter, "B", 1)]
     assert core.is_acquired(waiter)
     assert core.next_deadline() == 100
+
+
+def test_a_holder_and_its_waiter_expiring_together_grant_nobody():
+    """Regression: the owner used to grant the waiter while releasing the holder, though the
+    waiter had expired in the same sweep (found by the replica property test)."""
+    core = SemaphoreCore(CONFIG)
+    rng = random.Random(9)
+    holder, waiter = core.new_peer(20, rng), core.new_peer(20, rng)
+    assert core.acquire(holder, "B", 1, now=14) is True
+    assert core.acquire(waiter, "B", 1, now=14) is False
+    assert sorted(core.expire(20)) == sorted([holder, waiter])
+    events = core.events()
+    assert [type(e).__name__ for e in events] == ["PeerRemoved", "PeerRemoved"]
+    assert core.remainder("B") == 1
+    assert core.stats(20)[1].pending == 0
