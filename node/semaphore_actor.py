@@ -61,6 +61,14 @@ class _Reset:
         self.done = trio.Event()
 
 
+class _Replica:
+    """Control message: a replica of the core, for the node that would take over."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result = None
+
+
 class _Stats:
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -85,6 +93,8 @@ class SemaphoreActor:
         self._blocking = True
         # Restores beyond max counted by cores this actor has since replaced.
         self._restores_beyond_max_before = 0
+        # Grows with every request applied and every expiry: has the state changed since?
+        self.changes = 0
 
     async def call(self, op: Operation) -> object:
         """Apply `op` in the actor and return its answer, raising its `SemaphoreError`."""
@@ -106,6 +116,13 @@ class SemaphoreActor:
         message = _Reset(core)
         await self._send.send(message)
         await message.done.wait()
+
+    async def replica(self):
+        """A replica of the current state (`SemaphoreCore.replica`)."""
+        message = _Replica()
+        await self._send.send(message)
+        await message.done.wait()
+        return message.result
 
     async def stop_blocking(self) -> None:
         message = _StopBlocking()
@@ -155,6 +172,7 @@ class SemaphoreActor:
     def _expire(self, now: float) -> None:
         expired = self._core.expire(now)
         if expired:
+            self.changes += 1
             log.warning("Removed %d peers due to expiration.", len(expired))
             self._dispatch_events()
         deadlines = self._park_deadlines
@@ -165,15 +183,19 @@ class SemaphoreActor:
                 self._unpark(request)
                 request.succeed(NOT_YET)
 
-    def _handle(self, message: _Request | _StopBlocking | _Reset | _Stats, now: float) -> None:
+    def _handle(
+        self, message: _Request | _StopBlocking | _Reset | _Replica | _Stats, now: float
+    ) -> None:
         if isinstance(message, _Reset):
             self._answer_all_parked()
             self._restores_beyond_max_before += self._core.restores_beyond_max
             self._core = message.core
             message.done.set()
             return
-        if isinstance(message, _Stats):
-            message.result = self._core.stats(now)
+        if isinstance(message, _Stats | _Replica):
+            message.result = (
+                self._core.stats(now) if isinstance(message, _Stats) else self._core.replica(now)
+            )
             message.done.set()
             return
         if isinstance(message, _StopBlocking):
@@ -181,6 +203,7 @@ class SemaphoreActor:
             self._answer_all_parked()
             message.done.set()
             return
+        self.changes += 1
         op = message.op
         try:
             result = apply(self._core, op, now, self._rng)

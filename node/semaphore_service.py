@@ -7,11 +7,14 @@
   the node the client talks to. The authority is the oldest live member, so a node that joins or
   restarts (always the youngest) never takes it over; it moves only when its holder dies or leaves.
 
-When the authority moves to this node, it starts a fresh core. The fencing epoch is the wall clock
-now, so tokens continue above the previous authority's, as long as the nodes' clocks agree better
-than the time between takeovers. If the cluster was already running (a takeover), a grace period
-follows: clients restore their locks, and nothing new is granted until it ends. When the authority
-moves away, this node drops its state; the holders restore it at the new authority.
+The authority replicates its whole state to every other member it has a link to, at most every
+`REPLICATION_INTERVAL` and only when something changed. A node that becomes the authority starts
+from the latest replica it received, so holders keep their leases and waiters their places. Tokens
+continue in an epoch above the replica's. Without a replica (a cold start, or a node too new to have
+one) it starts empty, with the wall clock as the fencing epoch. If the cluster was already running
+(a takeover), a grace period follows: nothing new is granted until it ends, because the replica may
+miss the last moments and clients restore what it missed. When the authority moves away, this node
+drops its state.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from collections.abc import Callable, Mapping
 import trio
 
 from sluicegate.cluster.semaphore_ops import Acquire, Operation
-from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore, SemaphoreStats
+from sluicegate.cluster.semaphores import Replica, SemaphoreConfig, SemaphoreCore, SemaphoreStats
 
+from .links import Links
 from .membership_actor import MembershipActor
 from .rpc import Rpc, Unavailable
 from .semaphore_actor import SemaphoreActor
@@ -33,8 +37,10 @@ log = logging.getLogger("sluicegate.semaphores")
 
 # A forwarded call that gets no answer this long (plus its own block_for) answers 503.
 FORWARD_TIMEOUT = 10.0
-# How often this node looks at the ring for a change of authority.
+# How often this node looks at the members for a change of authority.
 WATCH_INTERVAL = 0.1
+# The authority sends a replica at most this often (and only after a change).
+REPLICATION_INTERVAL = 0.2
 
 
 def epoch_now() -> int:
@@ -64,6 +70,7 @@ class ClusterSemaphores:
         semaphores: Mapping[str, SemaphoreConfig],
         membership: MembershipActor,
         rpc: Rpc,
+        links: Links,
         *,
         settle: float,
         takeover_grace: float,
@@ -75,6 +82,7 @@ class ClusterSemaphores:
         self._semaphores = dict(semaphores)
         self._membership = membership
         self._rpc = rpc
+        self._links = links
         self._settle = settle
         self._takeover_grace = takeover_grace
         self._cold_start_grace = cold_start_grace
@@ -84,6 +92,9 @@ class ClusterSemaphores:
         self.serving = False  # this node is the authority and has its core set up
         self.forwarded = 0
         self.takeovers = 0
+        self.replicas_sent = 0
+        # The latest replica from the authority, and when (by our clock) it arrived.
+        self._replica: tuple[str, Replica, float] | None = None
 
     def authority(self) -> str | None:
         return self._membership.oldest_member()
@@ -110,13 +121,39 @@ class ClusterSemaphores:
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
 
+    def receive_replica(self, sender: str, replica: Replica) -> None:
+        """A replica arrived over a link; only the authority's count."""
+        if sender == self.authority() and not self.serving:
+            self._replica = (sender, replica, self._clock())
+
     @property
     def restores_beyond_max(self) -> int:
         return self._actor.restores_beyond_max
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Wait for membership to settle, then follow the authority as the ring changes."""
+        """Wait for membership to settle, then follow the authority as members change, and
+        replicate while this node is it."""
         task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._replicate)
+            await self._follow_authority()
+
+    async def _replicate(self) -> None:
+        sent_at_change = -1
+        while True:
+            await trio.sleep(REPLICATION_INTERVAL)
+            if not self.serving or self._actor.changes == sent_at_change:
+                continue
+            sent_at_change = self._actor.changes
+            replica = await self._actor.replica()
+            linked = self._links.status()
+            for node_id in self._membership.live_members():
+                # A replica is only worth its latest version: never queue one behind a down link.
+                if linked.get(node_id):
+                    self._links.send(node_id, replica)
+            self.replicas_sent += 1
+
+    async def _follow_authority(self) -> None:
         await trio.sleep(self._settle)
         self.ready = True
         me = self._membership.node_id
@@ -133,7 +170,14 @@ class ClusterSemaphores:
             await trio.sleep(WATCH_INTERVAL)
 
     async def _take_over(self, cold: bool) -> None:
-        core = SemaphoreCore(self._semaphores, epoch_now())
+        if self._replica is not None:
+            maker, replica, received_at = self._replica
+            # Rebased to when it arrived: the lifetimes it carries were counted from then.
+            core = SemaphoreCore.from_replica(self._semaphores, replica, received_at, epoch_now())
+            log.warning("Taking over from %s's replica: %d peers.", maker, len(replica.peers))
+        else:
+            core = SemaphoreCore(self._semaphores, epoch_now())
+        self._replica = None
         grace = self._cold_start_grace if cold else self._takeover_grace
         if grace > 0:
             core.start_grace(self._clock() + grace)

@@ -14,7 +14,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from sluicegate.cluster.membership import Gossip, Membership
-from sluicegate.cluster.semaphores import SemaphoreCore
+from sluicegate.cluster.semaphores import Replica, SemaphoreCore
 
 from .app import NodeApp
 from .config import NodeConfig
@@ -114,6 +114,8 @@ async def join_cluster(
                 nursery.start_soon(rpc.serve, remote_id, message, semaphores.serve)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
+            elif isinstance(message, Replica):
+                semaphores.receive_replica(remote_id, message)
             else:
                 log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
 
@@ -129,6 +131,7 @@ async def join_cluster(
         config.semaphores,
         membership_actor,
         rpc,
+        links,
         settle=cluster.down_after,
         takeover_grace=cluster.takeover_grace,
         cold_start_grace=cluster.cold_start_grace,

@@ -210,3 +210,33 @@ def test_restores_beyond_max_are_counted_at_the_state_holder(cluster):
     assert Client(balancer.url).remainder("C") == -5
     counted = [gauge(n, "sluicegate_restores_beyond_max_total") for n in nodes.values()]
     assert sorted(counted) == [0, 0, 1]
+
+
+def test_a_successor_takes_over_from_its_replica_without_any_restore(cluster):
+    nodes, balancer = cluster
+    client = Client(balancer.url)
+    holder = client.new_peer(timedelta(minutes=5))
+    waiter = client.new_peer(timedelta(minutes=5))
+    assert client.acquire(holder, "A") is True
+    assert client.acquire(waiter, "A") is False
+    time.sleep(0.5)  # a replica leaves at most every 0.2 s after a change
+
+    authority = next(n for n in nodes.values() if gauge(n, "sluicegate_authority") == 1)
+    survivors = [n for n in nodes.values() if n is not authority]
+    authority.kill()
+    wait_until(
+        lambda: sum(gauge(n, "sluicegate_authority") or 0 for n in survivors) == 1,
+        10,
+        "takeover",
+    )
+    successor = next(n for n in survivors if gauge(n, "sluicegate_authority") == 1)
+    assert "Taking over from" in successor.log()
+
+    # Nobody restored anything: the new authority knows both peers and the waiting order.
+    direct = Client(successor.url)
+    assert direct.is_acquired(holder) is True
+    assert direct.is_acquired(waiter) is False
+    assert direct.remainder("A") == 0
+    direct.release(holder)
+    wait_until(lambda: direct.is_acquired(waiter), 5, "the waiter granted after the grace")
+    direct.release(waiter)
