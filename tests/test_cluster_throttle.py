@@ -61,6 +61,34 @@ def wait_until(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+class RemainderSampler:
+    """Reads a semaphore's remainder through the balancer every 50 ms, in a thread; 503s (no
+    node can answer yet) are skipped, not retried."""
+
+    def __init__(self, url: str, semaphore: str) -> None:
+        self.url = f"{url}/remainder?semaphore={semaphore}"
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.samples
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    self.samples.append(int(response.read()))
+            except (urllib.error.HTTPError, OSError):
+                pass
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def cluster(tmp_path):
     nodes = {
@@ -158,6 +186,8 @@ def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
 
     authority = next(n for n in nodes.values() if gauge(n, "sluicegate_authority") == 1)
     survivors = [n for n in nodes.values() if n is not authority]
+    sampler = RemainderSampler(balancer.url, "C")
+    sampler.start()
     authority.kill()
 
     # A survivor takes over; the heartbeat threads meet `Unknown peer` and restore their locks.
@@ -194,6 +224,10 @@ def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
     assert gauge(authority, "sluicegate_authority") == 0
     assert client.remainder("C") == 1  # holder 0 (3) and the waiter (1) of 5
     holders[0].stop_heartbeat()
+    samples = sampler.stop()
+    # Through the kill, the takeover and the restart, never more than max was granted.
+    assert len(samples) > 20
+    assert min(samples) >= 0, samples
 
 
 def test_restores_beyond_max_are_counted_at_the_state_holder(cluster):
