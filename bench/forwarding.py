@@ -12,12 +12,9 @@ Prints both rows and the ratios non-owner / owner.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import trio
@@ -26,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_semaphores import scenario  # noqa: E402
 
-from tests.nodes import NodeProcess  # noqa: E402
+from tests.nodes import NodeProcess, gauge, is_ready  # noqa: E402
 
 CONFIG = """
 [semaphores]
@@ -39,19 +36,6 @@ gossip_interval = "200ms"
 ENV = {"SLUICEGATE_CLUSTER_SECRET": "bench", "SLUICEGATE_TEST_LOG": "WARN"}
 
 
-def holds_state(node: NodeProcess) -> bool:
-    with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
-        return re.search(r"^sluicegate_authority 1", response.read().decode(), re.M) is not None
-
-
-def ready(node: NodeProcess) -> bool:
-    try:
-        with urllib.request.urlopen(f"{node.url}/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.HTTPError, OSError):
-        return False
-
-
 def start_cluster(workdir: Path) -> list[NodeProcess]:
     nodes = [NodeProcess(CONFIG, workdir=workdir / "n1", args=["--node-id", "n1"], env=ENV)]
     nodes[0].start()
@@ -59,7 +43,7 @@ def start_cluster(workdir: Path) -> list[NodeProcess]:
         join = ["--node-id", name, "--join", f"127.0.0.1:{nodes[0].port}"]
         nodes.append(NodeProcess(CONFIG, workdir=workdir / name, args=join, env=ENV).start())
     deadline = time.monotonic() + 30
-    while not all(ready(n) for n in nodes):
+    while not all(is_ready(n.url) for n in nodes):
         if time.monotonic() > deadline:
             raise RuntimeError("the nodes did not become ready")
         time.sleep(0.1)
@@ -73,7 +57,7 @@ def main() -> None:
 
     nodes = start_cluster(Path(tempfile.mkdtemp(prefix="sluicegate-bench-")))
     try:
-        owner = next(n for n in nodes if holds_state(n))
+        owner = next(n for n in nodes if gauge(n, "sluicegate_authority") == 1)
         other = next(n for n in nodes if n is not owner)
         rows = []
         for peers in (1, 32):

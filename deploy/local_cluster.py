@@ -15,24 +15,14 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.haproxy import HaproxyProcess  # noqa: E402
-from tests.nodes import NodeProcess  # noqa: E402
+from tests.nodes import NodeProcess, is_ready  # noqa: E402
 
 CLUSTER_SECTION = '\n[cluster]\ndown_after = "2s"\ngossip_interval = "250ms"\n'
-
-
-def ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=1) as response:
-            return response.status == 200
-    except (urllib.error.HTTPError, OSError):
-        return False
 
 
 def main() -> int:
@@ -59,7 +49,7 @@ def main() -> int:
         balancer = HaproxyProcess([n.url for n in nodes], workdir=workdir / "haproxy").start()
         deadline = time.monotonic() + 30
         print("Waiting for the nodes to agree on their members ...", flush=True)
-        while not all(ready(n.url) for n in nodes):
+        while not all(is_ready(n.url) for n in nodes):
             if time.monotonic() > deadline:
                 print("The nodes did not become ready; see the logs.", file=sys.stderr)
                 return 1

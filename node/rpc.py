@@ -18,17 +18,8 @@ import trio
 
 from sluicegate.cluster import errors
 from sluicegate.cluster.semaphore_ops import (
-    Acquire,
     AcquireOutcome,
-    Heartbeat,
-    IsAcquired,
-    ListPeers,
-    NewPeer,
     Operation,
-    ReleaseLock,
-    ReleasePeer,
-    Remainder,
-    Restore,
 )
 
 from .links import Links
@@ -43,17 +34,7 @@ class Unavailable(Exception):
 @dataclass(frozen=True, slots=True)
 class Call:
     call_id: int
-    op: (
-        NewPeer
-        | Heartbeat
-        | ReleasePeer
-        | Acquire
-        | ReleaseLock
-        | IsAcquired
-        | Remainder
-        | Restore
-        | ListPeers
-    )
+    op: Operation
 
 
 @dataclass(frozen=True, slots=True)

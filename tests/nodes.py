@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -130,3 +131,33 @@ def wait_healthy(url: str, timeout: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def gauge(node: NodeProcess, name: str) -> float | None:
+    """The value of an unlabelled metric on a node's /metrics; None if absent or unreachable."""
+    try:
+        with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def is_ready(url: str) -> bool:
+    """Does the node at `url` serve requests yet (`GET /ready` answers 200)?"""
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.HTTPError, OSError):
+        return False
+
+
+def wait_until(predicate, timeout: float, what: str) -> float:
+    """Poll `predicate` until true; returns the seconds it took, fails after `timeout`."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started

@@ -17,7 +17,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from sluicegate.cluster.ring import Ring, semaphore_key
 
-from .nodes import NodeProcess
+from .nodes import NodeProcess, gauge, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -38,28 +38,9 @@ gossip_interval = "200ms"
 SECRET = {"SLUICEGATE_CLUSTER_SECRET": "test-secret"}
 
 
-def gauge(node: NodeProcess, name: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    return int(float(match.group(1))) if match else None
-
-
 def members_up(node: NodeProcess) -> int | None:
-    return gauge(node, "sluicegate_members_up")
-
-
-def wait_until(predicate, timeout: float, what: str) -> float:
-    """Poll until `predicate()`; returns the seconds it took."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
+    value = gauge(node, "sluicegate_members_up")
+    return int(value) if value is not None else None
 
 
 def start_node(tmp_path, name: str, join: NodeProcess | None = None, env=SECRET) -> NodeProcess:

@@ -6,7 +6,6 @@ the semaphores is killed with SIGKILL while its holders heartbeat, and it comes 
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import urllib.error
@@ -17,7 +16,7 @@ import pytest
 from throttle_client import Client, PeerWithHeartbeat, lock
 
 from .haproxy import HaproxyProcess
-from .nodes import NodeProcess
+from .nodes import NodeProcess, gauge, is_ready, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -33,32 +32,6 @@ gossip_interval = "200ms"
 takeover_grace = "2s"
 """
 SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test"}
-
-
-def gauge(node: NodeProcess, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
-def ready(node: NodeProcess) -> bool:
-    try:
-        with urllib.request.urlopen(f"{node.url}/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.HTTPError, OSError):
-        return False
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
 
 
 class RemainderSampler:
@@ -107,7 +80,7 @@ def cluster(tmp_path):
         balancer.start()
         wait_until(
             lambda: all(
-                ready(n) and gauge(n, "sluicegate_members_up") == 3 for n in nodes.values()
+                is_ready(n.url) and gauge(n, "sluicegate_members_up") == 3 for n in nodes.values()
             ),
             15,
             "three ready members",
@@ -220,7 +193,7 @@ def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
 
     # The killed node comes back as the youngest member: it does not take the state back.
     authority.restart()
-    wait_until(lambda: ready(authority), 10, "restarted node ready")
+    wait_until(lambda: is_ready(authority.url), 10, "restarted node ready")
     assert gauge(authority, "sluicegate_authority") == 0
     assert client.remainder("C") == 1  # holder 0 (3) and the waiter (1) of 5
     holders[0].stop_heartbeat()
