@@ -92,7 +92,6 @@ class ClusterSemaphores:
         self.serving = False  # this node is the authority and has its core set up
         self.forwarded = 0
         self.takeovers = 0
-        self.replicas_sent = 0
         # The latest replica from the authority, and when (by our clock) it arrived.
         self._replica: tuple[str, Replica, float] | None = None
 
@@ -151,7 +150,6 @@ class ClusterSemaphores:
                 # A replica is only worth its latest version: never queue one behind a down link.
                 if linked.get(node_id):
                     self._links.send(node_id, replica)
-            self.replicas_sent += 1
 
     async def _follow_authority(self) -> None:
         await trio.sleep(self._settle)
