@@ -247,3 +247,19 @@ def test_a_successor_takes_over_from_its_replica_without_any_restore(cluster):
     direct.release(holder)
     wait_until(lambda: direct.is_acquired(waiter), 5, "the waiter granted after the grace")
     direct.release(waiter)
+
+
+def test_node_links_are_not_reachable_through_the_balancer(cluster):
+    _, balancer = cluster
+    request = urllib.request.Request(
+        f"{balancer.url}/cluster",
+        headers={
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=5)
+    assert error.value.code == 404
