@@ -13,7 +13,9 @@ import urllib.request
 from datetime import timedelta
 
 import pytest
+import trio
 from throttle_client import Client, PeerWithHeartbeat, lock
+from trio_websocket import ConnectionRejected, open_websocket_url
 
 from .haproxy import HaproxyProcess
 from .nodes import NodeProcess, gauge, is_ready, wait_until
@@ -251,15 +253,14 @@ def test_a_successor_takes_over_from_its_replica_without_any_restore(cluster):
 
 def test_node_links_are_not_reachable_through_the_balancer(cluster):
     _, balancer = cluster
-    request = urllib.request.Request(
-        f"{balancer.url}/cluster",
-        headers={
-            "Connection": "Upgrade",
-            "Upgrade": "websocket",
-            "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-        },
-    )
-    with pytest.raises(urllib.error.HTTPError) as error:
-        urllib.request.urlopen(request, timeout=5)
-    assert error.value.code == 404
+
+    async def open_link(url: str) -> str:
+        try:
+            async with open_websocket_url(f"ws://{url.split('//', 1)[1]}/cluster") as ws:
+                with trio.fail_after(5):
+                    await ws.get_message()  # a node's challenge, had it been let through
+                return "linked"
+        except ConnectionRejected as rejected:
+            return f"rejected {rejected.status_code}"
+
+    assert trio.run(open_link, balancer.url) == "rejected 404"
