@@ -137,10 +137,17 @@ async def acceptor_handshake(
 class Link:
     """What this node sends to one other node, and the connection carrying it, when there is one."""
 
-    def __init__(self, remote_id: str, codec: Codec, deliver: Deliver) -> None:
+    def __init__(
+        self,
+        remote_id: str,
+        codec: Codec,
+        deliver: Deliver,
+        on_down: Callable[[str], None] = lambda remote_id: None,
+    ) -> None:
         self.remote_id = remote_id
         self._codec = codec
         self._deliver = deliver
+        self._on_down = on_down
         self._outbox: deque[object] = deque(maxlen=OUTBOX_LIMIT)
         self._wake = trio.Event()
         self._carrier: trio.CancelScope | None = None
@@ -179,7 +186,9 @@ class Link:
                     nursery.cancel_scope.cancel()
             finally:
                 if self._carrier is scope:
+                    # No newer connection took over: the link is down until one does.
                     self._carrier = None
+                    self._on_down(self.remote_id)
 
     async def _send_loop(self, conn: MessageConnection, stop: trio.CancelScope) -> None:
         try:
@@ -258,8 +267,11 @@ class Links:
         dialer: Dialer,
         deliver: Deliver,
         rng: random.Random,
+        on_link_down: Callable[[str], None] = lambda remote_id: None,
     ) -> None:
+        """`on_link_down(remote_id)` is called whenever the link to a node goes down."""
         self.node_id = node_id
+        self._on_link_down = on_link_down
         self._secret = secret
         self._codec = codec
         self._dialer = dialer
@@ -270,7 +282,9 @@ class Links:
     def link(self, remote_id: str) -> Link:
         link = self._links.get(remote_id)
         if link is None:
-            link = self._links[remote_id] = Link(remote_id, self._codec, self._deliver)
+            link = self._links[remote_id] = Link(
+                remote_id, self._codec, self._deliver, self._on_link_down
+            )
         return link
 
     def send(self, remote_id: str, message: object) -> None:

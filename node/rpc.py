@@ -67,9 +67,10 @@ _ERRORS: dict[str, type[Exception]] = {
 
 
 class _Slot:
-    __slots__ = ("done", "message")
+    __slots__ = ("node_id", "done", "message")
 
-    def __init__(self) -> None:
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
         self.done = trio.Event()
         self.message: Reply | Failure | None = None
 
@@ -85,7 +86,7 @@ class Rpc:
         if not self._links.status().get(node_id):
             raise Unavailable(f"no link to {node_id}")
         call_id = next(self._ids)
-        slot = self._waiting[call_id] = _Slot()
+        slot = self._waiting[call_id] = _Slot(node_id)
         try:
             self._links.send(node_id, Call(call_id, op))
             with trio.move_on_after(timeout):
@@ -94,10 +95,18 @@ class Rpc:
             del self._waiting[call_id]
         message = slot.message
         if message is None:
+            if slot.done.is_set():
+                raise Unavailable(f"the link to {node_id} broke before it answered")
             raise Unavailable(f"{node_id} did not answer within {timeout:g} s")
         if isinstance(message, Reply):
             return message.result
         raise _ERRORS[message.error](*message.args)
+
+    def link_down(self, node_id: str) -> None:
+        """The link to `node_id` broke: its answers can no longer come, so stop waiting."""
+        for slot in self._waiting.values():
+            if slot.node_id == node_id:
+                slot.done.set()
 
     def answered(self, message: Reply | Failure) -> None:
         """A `Reply` or `Failure` arrived; late answers (the caller gave up) are dropped."""

@@ -119,7 +119,15 @@ async def join_cluster(
             else:
                 log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
 
-    links = Links(node_id, cluster.secret.encode(), LINK_CODEC, websocket_dialer, deliver, rng)
+    links = Links(
+        node_id,
+        cluster.secret.encode(),
+        LINK_CODEC,
+        websocket_dialer,
+        deliver,
+        rng,
+        on_link_down=lambda remote_id: rpc.link_down(remote_id),
+    )
     rpc = Rpc(links)
     # A new generation per start: the wall clock only orders this node's own lives.
     membership = Membership(

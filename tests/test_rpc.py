@@ -34,9 +34,16 @@ class Pair:
         self.handler = None
         self.rpcs: dict[str, Rpc] = {}
         self.nodes: dict[str, Links] = {}
+        self.streams: list[trio.testing.MemorySendStream] = []
         for name in ("a", "b"):
             self.nodes[name] = Links(
-                name, b"k", LINK_CODEC, self._dial, self._deliver(name), random.Random(name)
+                name,
+                b"k",
+                LINK_CODEC,
+                self._dial,
+                self._deliver(name),
+                random.Random(name),
+                on_link_down=lambda remote_id, name=name: self.rpcs[name].link_down(remote_id),
             )
             self.rpcs[name] = Rpc(self.nodes[name])
 
@@ -52,6 +59,7 @@ class Pair:
 
     async def _dial(self, connection_nursery: trio.Nursery, address: str):
         client_stream, server_stream = trio.testing.memory_stream_pair()
+        self.streams.append(server_stream)
         self.nursery.start_soon(self._serve, address, server_stream)
         return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
 
@@ -130,3 +138,20 @@ def test_rpc_messages_round_trip_through_the_link_codec():
         Failure(5, "LockHierarchyViolation", [0, 1]),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
+
+
+async def test_a_broken_link_fails_the_calls_waiting_on_it_at_once(autojump_clock, pair, nursery):
+    async def slow(op):
+        await trio.sleep(100)
+
+    pair.handler = slow
+
+    async def sever_later() -> None:
+        await trio.sleep(1)
+        await pair.streams[-1].aclose()  # the other node dies mid-call
+
+    nursery.start_soon(sever_later)
+    started = trio.current_time()
+    with pytest.raises(Unavailable, match="broke"):
+        await pair.rpcs["a"].call("b", Remainder("A"), timeout=60)
+    assert trio.current_time() - started < 2
