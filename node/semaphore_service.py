@@ -144,12 +144,22 @@ class ClusterSemaphores:
             if not self.serving or self._actor.changes == sent_at_change:
                 continue
             sent_at_change = self._actor.changes
-            replica = await self._actor.replica()
-            linked = self._links.status()
-            for node_id in self._membership.live_members():
-                # A replica is only worth its latest version: never queue one behind a down link.
-                if linked.get(node_id):
-                    self._links.send(node_id, replica)
+            await self._send_replica()
+
+    async def hand_over(self, timeout: float) -> None:
+        """Stopping: if this node holds the state, send a last replica (waiting at most
+        `timeout` for it to leave), so the successor misses nothing of the last moments."""
+        if self.serving:
+            await self._send_replica()
+            await self._links.flush(timeout)
+
+    async def _send_replica(self) -> None:
+        replica = await self._actor.replica()
+        linked = self._links.status()
+        for node_id in self._membership.live_members():
+            # A replica is only worth its latest version: never queue one behind a down link.
+            if linked.get(node_id):
+                self._links.send(node_id, replica)
 
     async def _follow_authority(self) -> None:
         await trio.sleep(self._settle)

@@ -51,7 +51,7 @@ async def run_node(
     hypercorn.errorlog = logging.getLogger("sluicegate.hypercorn")
     stopping = trio.Event()
 
-    cluster: MembershipActor | None = None
+    cluster: tuple[MembershipActor, ClusterSemaphores] | None = None
 
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -63,7 +63,9 @@ async def run_node(
                 log.info("Received %s, shutting down.", signal.Signals(signum).name)
                 await actor.stop_blocking()
                 if cluster is not None:
-                    await cluster.leave()
+                    membership, semaphores = cluster
+                    await semaphores.hand_over(timeout=0.3)
+                    await membership.leave()
                 stopping.set()
                 return
 
@@ -95,7 +97,7 @@ async def join_cluster(
     config: NodeConfig,
     address: str,
     *,
-    task_status: trio.TaskStatus[MembershipActor],
+    task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores]],
 ) -> None:
     """Run membership, node links and forwarding for this node, reachable at `address`."""
     cluster = config.cluster
@@ -154,4 +156,4 @@ async def join_cluster(
     async with trio.open_nursery() as nursery:
         await nursery.start(membership_actor.run)
         await nursery.start(semaphores.run)
-        task_status.started(membership_actor)
+        task_status.started((membership_actor, semaphores))
