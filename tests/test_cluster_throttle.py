@@ -36,6 +36,18 @@ takeover_grace = "2s"
 SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test"}
 
 
+def fencing_token(url: str, peer_id: int, semaphore: str, count: int) -> int:
+    """Ask again for a held lock (idempotent) and read its token from the response header."""
+    request = urllib.request.Request(
+        f"{url}/peers/{peer_id}/{semaphore}",
+        data=str(count).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return int(response.headers["sluicegate-fencing-token"])
+
+
 class RemainderSampler:
     """Reads a semaphore's remainder through the balancer every 50 ms, in a thread; 503s (no
     node can answer yet) are skipped, not retried."""
@@ -146,17 +158,7 @@ def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
         peer.start_heartbeat()
         holders.append(peer)
     before = Client(nodes["n2"].url)
-    token_before = int(
-        urllib.request.urlopen(
-            urllib.request.Request(
-                f"{nodes['n2'].url}/peers/{holders[0].id}/C",
-                data=b"3",
-                method="PUT",
-                headers={"Content-Type": "application/json"},
-            ),
-            timeout=5,
-        ).headers["sluicegate-fencing-token"]
-    )
+    token_before = fencing_token(nodes["n2"].url, holders[0].id, "C", 3)
     assert before.remainder("C") == 0
 
     authority = next(n for n in nodes.values() if gauge(n, "sluicegate_authority") == 1)
@@ -180,17 +182,7 @@ def test_holders_keep_their_leases_when_the_state_holder_is_killed(cluster):
     holders[1].stop_heartbeat()
     holders[1].remove_from_server()
     wait_until(lambda: client.is_acquired(waiter), 10, "waiter granted after the release")
-    token_after = int(
-        urllib.request.urlopen(
-            urllib.request.Request(
-                f"{survivors[0].url}/peers/{waiter}/C",
-                data=b"1",
-                method="PUT",
-                headers={"Content-Type": "application/json"},
-            ),
-            timeout=5,
-        ).headers["sluicegate-fencing-token"]
-    )
+    token_after = fencing_token(survivors[0].url, waiter, "C", 1)
     assert token_after > token_before
 
     # The killed node comes back as the youngest member: it does not take the state back.
