@@ -57,3 +57,12 @@ class RestoreConflict(SemaphoreError):
 
 class ShrinkingLockCount(SemaphoreError):
     """Asking again for a lock with a smaller count; Throttle does not implement it, nor do we."""
+
+
+class NotServing(SemaphoreError):
+    """In a cluster: this node does not serve that peer or semaphore now (it belongs to another
+    node, or its state is on its way here). Nothing changed; trying again later works."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .errors import (
@@ -82,10 +82,16 @@ class PeerTable:
 
     # -- peers -------------------------------------------------------------------------------
 
-    def new_peer(self, expires_at: float, rng: random.Random) -> int:
+    def new_peer(
+        self,
+        expires_at: float,
+        rng: random.Random,
+        homed_here: Callable[[int], bool] = lambda peer_id: True,
+    ) -> int:
+        """A new peer with a random id; in a cluster, an id whose home is this node."""
         while True:
             peer_id = rng.getrandbits(64)
-            if peer_id not in self._peers:
+            if peer_id not in self._peers and homed_here(peer_id):
                 break
         self._add(peer_id, _Peer(expires_at, {}))
         return peer_id
@@ -106,6 +112,36 @@ class PeerTable:
 
     def has_peer(self, peer_id: int) -> bool:
         return peer_id in self._peers
+
+    def wants(self, peer_id: int, semaphore: str) -> int | None:
+        """The count the peer holds or waits for on `semaphore`; None if neither."""
+        peer = self._peers.get(peer_id)
+        if peer is None:
+            return None
+        if peer.pending is not None and peer.pending[0] == semaphore:
+            return peer.pending[1]
+        return peer.held.get(semaphore)
+
+    def holds(self, peer_id: int, semaphore: str) -> int | None:
+        """The count the peer holds on `semaphore`; None unless it holds it."""
+        peer = self._peers.get(peer_id)
+        return peer.held.get(semaphore) if peer is not None else None
+
+    def pending(self, peer_id: int) -> tuple[str, int] | None:
+        """The lock the peer waits for, (semaphore, count); None if it waits for none."""
+        peer = self._peers.get(peer_id)
+        return peer.pending if peer is not None else None
+
+    def locks(self, peer_ids: Iterator[int] | None = None) -> Iterator[tuple[int, str, int, bool]]:
+        """(peer id, semaphore, count, waiting?) of every lock of `peer_ids` (default: all)."""
+        for peer_id in self._peers if peer_ids is None else peer_ids:
+            peer = self._peers.get(peer_id)
+            if peer is None:
+                continue
+            for name, count in peer.held.items():
+                yield peer_id, name, count, False
+            if peer.pending is not None:
+                yield peer_id, peer.pending[0], peer.pending[1], True
 
     # -- locks -------------------------------------------------------------------------------
 
@@ -201,13 +237,27 @@ class PeerTable:
             for peer_id, peer in self._peers.items()
         ]
 
-    def load(self, records: list[PeerRecord], now: float) -> None:
-        """Take over the peers of a replica (this table must be empty)."""
+    def load(self, records: list[PeerRecord], now: float) -> list[int]:
+        """Take over the peers of a replica; peers known here already stay as they are.
+        Returns the ids of the peers taken over."""
+        loaded = []
         for record in records:
+            if record.peer_id in self._peers:
+                continue
             peer = _Peer(now + record.expires_in, dict(record.held))
             if record.pending_semaphore is not None:
                 peer.pending = (record.pending_semaphore, record.pending_count)
             self._add(record.peer_id, peer)
+            loaded.append(record.peer_id)
+        return loaded
+
+    def take(self, chosen: Callable[[int], bool], now: float) -> list[PeerRecord]:
+        """Remove the peers whose ids are `chosen` and return them as records (they move to
+        another node)."""
+        records = [r for r in self.snapshot(now) if chosen(r.peer_id)]
+        for record in records:
+            del self._peers[record.peer_id]
+        return records
 
     # -- time --------------------------------------------------------------------------------
 

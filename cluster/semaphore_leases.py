@@ -60,7 +60,18 @@ class SemaphoreRecord:
 
 
 class _Semaphore:
-    __slots__ = ("name", "max", "acquired", "pending", "holders", "tokens", "next_token", "queue")
+    __slots__ = (
+        "name",
+        "max",
+        "acquired",
+        "pending",
+        "holders",
+        "tokens",
+        "tickets",
+        "next_token",
+        "queue",
+        "grace_until",
+    )
 
     def __init__(self, name: str, config: SemaphoreConfig, epoch: int) -> None:
         self.name = name
@@ -70,39 +81,62 @@ class _Semaphore:
         self.holders: dict[int, int] = {}
         # Fencing token of each holder's grant.
         self.tokens: dict[int, int] = {}
+        # The home's ticket of each holder's and waiter's lock (see `request`).
+        self.tickets: dict[int, int] = {}
         self.next_token = epoch << TOKEN_EPOCH_SHIFT
         # Waiters in arrival order: peer id -> (count, waiting since).
         self.queue: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        # While set, a grace period runs until then: restores count, nothing new is granted.
+        self.grace_until: float | None = None
 
 
 class SemaphoreLeases:
     def __init__(self, semaphores: Mapping[str, SemaphoreConfig], epoch: int = 0) -> None:
         """`epoch` must grow from one life of the owner to the next (the node's start time in
         milliseconds does), so fencing tokens never repeat."""
+        self._config = dict(semaphores)
         self._semaphores = {name: _Semaphore(name, cfg, epoch) for name, cfg in semaphores.items()}
         self._events: list[LockGranted] = []
-        # While set, a grace period runs until then: restores count, nothing new is granted.
-        self.grace_until: float | None = None
         # Restores that left a semaphore above its max (clients allowed it; operators watch it).
         self.restores_beyond_max = 0
 
-    def request(self, peer_id: int, semaphore: str, count: int, now: float) -> bool:
+    def request(
+        self, peer_id: int, semaphore: str, count: int, now: float, ticket: int = 0
+    ) -> bool:
         """A new lock asks for `count`: True if granted now, False if it waits in line.
 
         It arrives last, so it may only be granted if everything already asked for (held or
         waiting) leaves room; otherwise it would overtake the waiters.
+
+        In a cluster a home may ask again for a lock it asked for before (a retry, or after the
+        owner changed): the same count, held or waiting, keeps its place and takes on the new
+        `ticket`, the home's name for this lock that releases must quote.
         """
         sem = self._semaphore(semaphore)
-        if self.grace_until is None and sem.acquired + sem.pending + count <= sem.max:
+        held = sem.holders.get(peer_id)
+        waiting = sem.queue.get(peer_id)
+        if count == held or (waiting is not None and count == waiting[0]):
+            sem.tickets[peer_id] = ticket
+            return held is not None
+        if held is not None or waiting is not None:
+            self._drop(peer_id, sem)
+            self._grant_waiters(sem)
+        if sem.grace_until is None and sem.acquired + sem.pending + count <= sem.max:
             self._hold(sem, peer_id, count)
-            return True
-        sem.queue[peer_id] = (count, now)
-        sem.pending += count
-        return False
+        else:
+            sem.queue[peer_id] = (count, now)
+            sem.pending += count
+        sem.tickets[peer_id] = ticket
+        return peer_id in sem.holders
 
-    def release(self, peer_id: int, semaphore: str) -> None:
-        """Release the peer's held lock or withdraw its waiting one, then grant who fits."""
+    def release(self, peer_id: int, semaphore: str, ticket: int | None = None) -> None:
+        """Release the peer's held lock or withdraw its waiting one, then grant who fits.
+
+        With a `ticket`, only the lock of that ticket: a release that crossed a newer request
+        of the same peer on the way must not drop the newer lock."""
         sem = self._semaphore(semaphore)
+        if ticket is not None and sem.tickets.get(peer_id) != ticket:
+            return
         if self._drop(peer_id, sem):
             self._grant_waiters(sem)
 
@@ -121,22 +155,27 @@ class SemaphoreLeases:
         for sem in affected.values():
             self._grant_waiters(sem)
 
-    def restore(self, peer_id: int, semaphore: str, count: int) -> None:
+    def restore(self, peer_id: int, semaphore: str, count: int, ticket: int = 0) -> None:
         """Count a lock a client says it holds, even beyond max: it is using the resource already.
 
-        Idempotent, so a repeated restore (a retry) counts once.
+        Idempotent, so a repeated restore (a retry) counts once, and a holder keeps its token.
         """
         sem = self._semaphore(semaphore)
         previous = sem.holders.get(peer_id)
         if previous is None:
+            if peer_id in sem.queue:
+                self._drop(peer_id, sem)
             self._hold(sem, peer_id, count)
         else:
             sem.acquired += count - previous
             sem.holders[peer_id] = count
+        sem.tickets[peer_id] = ticket
         if sem.acquired > sem.max and count != previous:
             self.restores_beyond_max += 1
 
-    def snapshot(self) -> list[SemaphoreRecord]:
+    def snapshot(self, names: Iterable[str] | None = None) -> list[SemaphoreRecord]:
+        """Records of the semaphores `names` (default: all)."""
+        chosen = self._semaphores.values() if names is None else map(self._semaphore, names)
         return [
             SemaphoreRecord(
                 sem.name,
@@ -147,43 +186,88 @@ class SemaphoreLeases:
                 list(sem.queue),
                 [count for count, _ in sem.queue.values()],
             )
-            for sem in self._semaphores.values()
+            for sem in chosen
         ]
 
+    def holdings(self, semaphore: str) -> list[tuple[int, int]]:
+        """(peer id, ticket) of every holder and waiter of `semaphore`."""
+        sem = self._semaphore(semaphore)
+        return list(sem.tickets.items())
+
     def load(self, records: list[SemaphoreRecord], now: float, epoch: int) -> None:
-        """Take over a replica (these leases must be empty). Tokens continue in epoch
+        """Take over a replica, dropping the current state. Tokens continue in epoch
         max(`epoch`, the replica's epoch + 1), so they stay above every token the replica saw
         and any grant it missed. Waiters keep their order; their waiting starts `now`."""
-        epoch = max([epoch, *((r.next_token >> TOKEN_EPOCH_SHIFT) + 1 for r in records)])
+        for name in self._semaphores:
+            self._semaphores[name] = _Semaphore(name, self._config[name], 0)
+        self.merge(records, now, epoch, list(self._semaphores))
+
+    def merge(
+        self, records: list[SemaphoreRecord], now: float, epoch: int, names: Iterable[str]
+    ) -> None:
+        """Take on the semaphores `names`, adding what `records` (a replica or a handoff) knows
+        of them to what is known here already; a peer known here keeps its entry. Tokens go on
+        above everything either side has seen: epoch max(`epoch`, a record's epoch + 1)."""
+        names = set(names)
+        for name in names:
+            sem = self._semaphores[name]
+            sem.next_token = max(sem.next_token, epoch << TOKEN_EPOCH_SHIFT)
         for record in records:
-            sem = self._semaphores.get(record.name)
-            if sem is None:
-                continue  # no longer configured here
+            if record.name not in names:
+                continue
+            sem = self._semaphores[record.name]
+            next_epoch = (record.next_token >> TOKEN_EPOCH_SHIFT) + 1
+            sem.next_token = max(sem.next_token, next_epoch << TOKEN_EPOCH_SHIFT)
             for peer_id, count, token in zip(
                 record.holder_ids, record.holder_counts, record.holder_tokens, strict=True
             ):
-                sem.holders[peer_id] = count
-                sem.tokens[peer_id] = token
-                sem.acquired += count
+                if peer_id not in sem.tickets:
+                    sem.holders[peer_id] = count
+                    sem.tokens[peer_id] = token
+                    sem.tickets[peer_id] = 0
+                    sem.acquired += count
             for peer_id, count in zip(record.waiting_ids, record.waiting_counts, strict=True):
-                sem.queue[peer_id] = (count, now)
-                sem.pending += count
-        for sem in self._semaphores.values():
-            sem.next_token = epoch << TOKEN_EPOCH_SHIFT
+                if peer_id not in sem.tickets:
+                    sem.queue[peer_id] = (count, now)
+                    sem.tickets[peer_id] = 0
+                    sem.pending += count
 
-    def start_grace(self, until: float) -> None:
+    def ticket(self, peer_id: int, semaphore: str) -> int | None:
+        return self._semaphore(semaphore).tickets.get(peer_id)
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Forget the semaphores `names` (another node owns them now); tokens keep counting."""
+        for name in names:
+            old = self._semaphores[name]
+            sem = self._semaphores[name] = _Semaphore(name, self._config[name], 0)
+            sem.next_token = old.next_token
+
+    def in_use(self, name: str) -> bool:
+        sem = self._semaphore(name)
+        return bool(sem.tickets)
+
+    def start_grace(self, until: float, names: Iterable[str] | None = None) -> None:
         """After a takeover the holders are not known yet: until `until`, accept their restores
-        but grant nothing new (it could exceed max); waiters queue in arrival order meanwhile."""
-        self.grace_until = until
+        but grant nothing new on `names` (default: all) (it could exceed max); waiters queue in
+        arrival order meanwhile."""
+        for name in self._semaphores if names is None else names:
+            self._semaphores[name].grace_until = until
+
+    @property
+    def grace_until(self) -> float | None:
+        """When the next grace period ends; None while none runs."""
+        ends = [s.grace_until for s in self._semaphores.values() if s.grace_until is not None]
+        return min(ends) if ends else None
 
     def end_grace(self, now: float) -> bool:
-        """End the grace period if its time has come, granting the waiters that fit."""
-        if self.grace_until is None or now < self.grace_until:
-            return False
-        self.grace_until = None
+        """End the grace periods whose time has come, granting the waiters that fit."""
+        ended = False
         for sem in self._semaphores.values():
-            self._grant_waiters(sem)
-        return True
+            if sem.grace_until is not None and now >= sem.grace_until:
+                sem.grace_until = None
+                self._grant_waiters(sem)
+                ended = True
+        return ended
 
     def token(self, peer_id: int, semaphore: str) -> int | None:
         """The fencing token of the peer's grant on `semaphore`; None unless it holds a lock."""
@@ -193,9 +277,9 @@ class SemaphoreLeases:
         sem = self._semaphore(semaphore)
         return sem.max - sem.acquired
 
-    def stats(self, now: float) -> list[SemaphoreStats]:
+    def stats(self, now: float, names: Iterable[str] | None = None) -> list[SemaphoreStats]:
         result = []
-        for sem in self._semaphores.values():
+        for sem in self._semaphores.values() if names is None else map(self._semaphore, names):
             oldest = next(iter(sem.queue.values()), None)
             longest = now - oldest[1] if oldest is not None else 0.0
             result.append(SemaphoreStats(sem.name, sem.max, sem.acquired, sem.pending, longest))
@@ -217,17 +301,19 @@ class SemaphoreLeases:
         if count is not None:
             sem.acquired -= count
             del sem.tokens[peer_id]
+            sem.tickets.pop(peer_id, None)
             return True
         waiting = sem.queue.pop(peer_id, None)
         if waiting is not None:
             sem.pending -= waiting[0]
+            sem.tickets.pop(peer_id, None)
             return True
         return False
 
     def _grant_waiters(self, sem: _Semaphore) -> None:
         # Strict FIFO: stop at the first waiter that does not fit, so a large count is never
         # starved by small ones arriving after it. Nobody is granted during a grace period.
-        if self.grace_until is not None:
+        if sem.grace_until is not None:
             return
         room = sem.max - sem.acquired
         queue = sem.queue

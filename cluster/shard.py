@@ -1,0 +1,676 @@
+"""One node's share of the semaphores in a cluster: the peers homed here, the semaphores owned
+here, and the messages between homes and owners.
+
+The ring (`cluster/ring.py`) places every peer at a *home*, the owner of its id, and every
+semaphore at an *owner*. A client's operation on a peer runs at the peer's home, which holds its
+`PeerTable` entry: expiry, its locks, and acquire checks 1 to 8. Check 9 and the FIFO queue live at
+the semaphore's owner, in `SemaphoreLeases`. Homes and owners talk in messages, events in and
+effects out in the manner of h11: `on_message` takes what arrived, `outbox()` says what to send,
+`events()` what the node must tell its waiting clients. A message to this node itself is handled
+at once, so a cluster of one behaves exactly like `SemaphoreCore`.
+
+Home to owner: `LockRequest`, `LockRestore`, `LockRelease`. Owner to home: `LockAnswer` (granted
+with its fencing token, or queued; a queued lock's grant is another `LockAnswer` later) and
+`LockRefused` (not the owner: the home withdraws the lock and its client hears 503). Every lock
+carries a *ticket*, the home's random name for it: answers and releases quote it, so a message that
+crossed a newer request of the same peer on the way cannot touch the newer lock.
+
+Nothing here assumes messages arrive. A home asks again for every lock still waiting after
+`RETRY_INTERVAL`; an owner asks each home every `AUDIT_INTERVAL` whether it still wants the locks it
+holds for it (`Audit`) and drops those it does not. Both are idempotent, so lost, repeated and late
+messages all settle.
+
+When members change (`change_members`):
+* a member that is gone (dead, left, or restarted with a new generation) leaves its keys to its
+  ring successors, which take them over from the latest `Replica` it sent. A semaphore taken over
+  gets a grace period: restores and re-assertions come in, nothing new is granted;
+* a node that joins, or restarts empty, sends `Pull` to every member, and serves nothing (503)
+  until each answered with a `Handoff` of what it held that the new node owns now (or until
+  `pull_timeout`, after which it takes over from that member's replica);
+* every home re-asserts, to the new owner, each lock on a semaphore whose owner changed.
+
+Pure: `now` and fencing epochs come in as arguments, randomness from the `rng` given.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .errors import NotServing, UnknownPeer
+from .peers import AskOwner, PeerRecord, PeerRemoved, PeerTable
+from .ring import Ring, peer_key, semaphore_key
+from .semaphore_leases import (
+    LockGranted,
+    SemaphoreConfig,
+    SemaphoreLeases,
+    SemaphoreRecord,
+    SemaphoreStats,
+)
+from .semaphores import Replica
+
+# A home asks again for a lock still waiting this long after it last asked.
+RETRY_INTERVAL = 1.0
+# An owner asks homes whether they still want its locks this often (once members are settled).
+AUDIT_INTERVAL = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class LockRequest:
+    """Home to owner: the peer passed checks 1 to 8; does `count` fit (check 9)?"""
+
+    peer_id: int
+    semaphore: str
+    count: int
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRestore:
+    """Home to owner: the peer holds this lock; count it, even beyond max."""
+
+    peer_id: int
+    semaphore: str
+    count: int
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRelease:
+    """Home to owner: the lock of this ticket is released or withdrawn."""
+
+    peer_id: int
+    semaphore: str
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockAnswer:
+    """Owner to home: the lock of this ticket is granted (with its fencing token) or waits."""
+
+    peer_id: int
+    semaphore: str
+    ticket: int
+    granted: bool
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRefused:
+    """Owner to home: this node does not own the semaphore (now); the request did nothing."""
+
+    peer_id: int
+    semaphore: str
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """Owner to home: does it still want these locks (peer, semaphore, ticket)?"""
+
+    peer_ids: list[int]
+    semaphores: list[str]
+    tickets: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """A joining node to a member: hand me what you hold that I own now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The answer to `Pull`: the state the sender held for keys the receiver owns; the sender
+    has dropped it."""
+
+    peers: list[PeerRecord]
+    semaphores: list[SemaphoreRecord]
+
+
+@dataclass(frozen=True)
+class LockQueued:
+    """The owner answered: the peer's lock waits in line."""
+
+    peer_id: int
+    semaphore: str
+
+
+@dataclass(frozen=True)
+class LockWithdrawn:
+    """The lock could not be asked for (its owner refused it) and was withdrawn."""
+
+    peer_id: int
+    semaphore: str
+
+
+@dataclass(frozen=True)
+class PeerMoved:
+    """The peer's home is another node now; a request waiting for it must answer here."""
+
+    peer_id: int
+
+
+Event = LockGranted | LockQueued | LockWithdrawn | PeerRemoved | PeerMoved
+Message = (
+    LockRequest | LockRestore | LockRelease | LockAnswer | LockRefused | Audit | Pull | Handoff
+)
+
+
+class ShardCore:
+    def __init__(
+        self,
+        node_id: str,
+        semaphores: Mapping[str, SemaphoreConfig],
+        *,
+        rng: random.Random,
+        epoch: int,
+        settle: float,
+        takeover_grace: float,
+        cold_start_grace: float,
+        pull_timeout: float,
+    ) -> None:
+        self.node_id = node_id
+        self._config = dict(semaphores)
+        self._rng = rng
+        self._epoch = epoch
+        self._settle = settle
+        self._takeover_grace = takeover_grace
+        self._cold_start_grace = cold_start_grace
+        self._pull_timeout = pull_timeout
+        self._peers = PeerTable(semaphores)
+        self._leases = SemaphoreLeases(semaphores, epoch)
+        self._ring: Ring | None = None
+        self._generations: dict[str, int] = {}
+        self._ring_changed_at = -math.inf
+        # Members whose Handoff this node waits for: member -> (ring before the change, or None
+        # if this node had none, and when to give up and take over from its replica instead).
+        self._awaiting: dict[str, tuple[Ring | None, float]] = {}
+        # Pulls from nodes this node does not count as members yet; answered once it does.
+        self._deferred_pulls: set[str] = set()
+        # The latest replica of each member, and when it arrived.
+        self._replicas: dict[str, tuple[Replica, float]] = {}
+        # Owner messages for semaphores whose state is on its way here, applied once it came.
+        self._held_back: list[tuple[str, Message]] = []
+        # Home: the ticket of each lock of its peers, the token of each held one, and when each
+        # waiting lock was last asked for.
+        self._tickets: dict[tuple[int, str], int] = {}
+        self._tokens: dict[tuple[int, str], int] = {}
+        self._asked_at: dict[int, float] = {}
+        self._next_retry = math.inf
+        self._next_audit = -math.inf
+        self._outbox: list[tuple[str, Message]] = []
+        # The latest `now` passed in: operations without one (release, restore) happen then.
+        self._now = -math.inf
+        self._local: deque[Message] = deque()
+        self._events: list[Event] = []
+        self.takeovers = 0
+
+    # -- placement ---------------------------------------------------------------------------
+
+    def home_of(self, peer_id: int) -> str | None:
+        return self._ring.owner(peer_key(peer_id)) if self._ring is not None else None
+
+    def owner_of(self, semaphore: str) -> str | None:
+        return self._ring.owner(semaphore_key(semaphore)) if self._ring is not None else None
+
+    def serves_peer(self, peer_id: int) -> bool:
+        return self._serves(peer_key(peer_id))
+
+    def serves_semaphore(self, semaphore: str) -> bool:
+        return self._serves(semaphore_key(semaphore))
+
+    def owned_semaphores(self) -> list[str]:
+        return [name for name in self._config if self.owner_of(name) == self.node_id]
+
+    def _serves(self, key: bytes) -> bool:
+        if self._ring is None or self._ring.owner(key) != self.node_id:
+            return False
+        return not any(
+            old is None or old.owner(key) == source for source, (old, _) in self._awaiting.items()
+        )
+
+    def _check_home(self, peer_id: int) -> None:
+        if not self.serves_peer(peer_id):
+            raise NotServing(f"peer {peer_id} is not served by {self.node_id} now")
+
+    # -- the Throttle API, at the peer's home ------------------------------------------------
+
+    def new_peer(self, expires_at: float, rng: random.Random) -> int:
+        if self._ring is None or any(old is None for old, _ in self._awaiting.values()):
+            raise NotServing(f"{self.node_id} is still taking over its share")
+        return self._peers.new_peer(expires_at, rng, homed_here=self.serves_peer)
+
+    def heartbeat(self, peer_id: int, expires_at: float) -> None:
+        self._check_home(peer_id)
+        self._peers.heartbeat(peer_id, expires_at)
+
+    def release_peer(self, peer_id: int) -> bool:
+        self._check_home(peer_id)
+        locks = self._peers.remove(peer_id)
+        if locks is None:
+            return False
+        self._peer_gone(peer_id, locks, expired=False)
+        self._drain_local()
+        return True
+
+    def is_acquired(self, peer_id: int) -> bool:
+        self._check_home(peer_id)
+        return self._peers.is_acquired(peer_id)
+
+    def peer_ids(self) -> list[int]:
+        return [peer_id for peer_id in self._peers.peer_ids() if self.serves_peer(peer_id)]
+
+    def has_peer(self, peer_id: int) -> bool:
+        return self._peers.has_peer(peer_id)
+
+    def acquire(
+        self,
+        peer_id: int,
+        semaphore: str,
+        count: int,
+        now: float,
+        expires_in: float | None = None,
+    ) -> bool | None:
+        """Ask for a lock: True if the peer now holds all its locks, False if this one waits,
+        None if its owner is another node, whose answer comes later as an event."""
+        self._check_home(peer_id)
+        self._now = now
+        decision = self._peers.acquire(peer_id, semaphore, count, now, expires_in)
+        if not isinstance(decision, AskOwner):
+            return decision
+        ticket = self._tickets[peer_id, semaphore] = self._rng.getrandbits(63)
+        seen = len(self._events)
+        self._ask(peer_id, semaphore, count, ticket, now)
+        self._drain_local()
+        if self._peers.holds(peer_id, semaphore) == count:
+            return True
+        if LockQueued(peer_id, semaphore) in self._events[seen:]:
+            return False
+        return None
+
+    def release_lock(self, peer_id: int, semaphore: str) -> None:
+        self._check_home(peer_id)
+        if self._peers.release_lock(peer_id, semaphore):
+            self._forget_lock(peer_id, semaphore, tell_owner=True)
+            self._drain_local()
+
+    def remainder(self, semaphore: str) -> int:
+        if semaphore in self._config and not self.serves_semaphore(semaphore):
+            raise NotServing(f"semaphore {semaphore!r} is not served by {self.node_id} now")
+        return self._leases.remainder(semaphore)
+
+    def fencing_token(self, peer_id: int, semaphore: str) -> int | None:
+        return self._tokens.get((peer_id, semaphore))
+
+    def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> None:
+        self._check_home(peer_id)
+        if self._peers.restore(peer_id, acquired, expires_at):
+            for name, count in acquired.items():
+                ticket = self._tickets[peer_id, name] = self._rng.getrandbits(63)
+                self._send(self.owner_of(name), LockRestore(peer_id, name, count, ticket))
+            self._drain_local()
+
+    # -- members -----------------------------------------------------------------------------
+
+    def change_members(
+        self, members: Mapping[str, int], now: float, epoch: int, cold: bool = False
+    ) -> None:
+        """The live members (id -> generation) changed. `epoch` (wall-clock ms now) lets
+        fencing tokens of semaphores taken over continue above anything seen before; `cold`
+        says nobody was serving before (the first ring of a cluster starting together)."""
+        self._now = now
+        old, old_generations = self._ring, self._generations
+        new = Ring(members)
+        self._ring, self._generations = new, dict(members)
+        self._ring_changed_at = now
+        self._epoch = max(self._epoch, epoch)
+        me = self.node_id
+        restarted = {m for m, g in members.items() if old_generations.get(m, g) != g}
+        gone = (set(old_generations) - set(members)) | restarted
+        gone.discard(me)
+
+        if old is None or me not in old.members:
+            # Joining (or back after a restart): everything this node owns is somewhere else.
+            grace = self._cold_start_grace if cold else self._takeover_grace
+            if grace > 0:
+                self._leases.start_grace(now + grace, self.owned_semaphores())
+            for source in members:
+                if source != me:
+                    self._awaiting[source] = (None, now + self._pull_timeout)
+                    self._send(source, Pull())
+        else:
+            for source in sorted(gone):
+                awaited = self._awaiting.pop(source, None)
+                self._take_over(source, awaited[0] if awaited else old, now)
+
+        for source in sorted(self._deferred_pulls & set(members)):
+            self._deferred_pulls.discard(source)
+            self._answer_pull(source)
+        # Peers this node no longer serves: a request waiting on one must answer, not wait.
+        for peer_id in self._peers.peer_ids():
+            if self.home_of(peer_id) != me:
+                self._events.append(PeerMoved(peer_id))
+
+        def owner_changed(name: str) -> bool:
+            owner = self.owner_of(name)
+            return old is None or old.owner(semaphore_key(name)) != owner or owner in restarted
+
+        self._reassert(self._peers.peer_ids(), owner_changed, now)
+        self._replay_held_back()
+        self._drain_local()
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def on_message(self, sender: str, message: Message | Replica, now: float) -> None:
+        """A message from node `sender` arrived."""
+        self._now = now
+        if isinstance(message, Replica):
+            self._replicas[sender] = (message, now)
+            return
+        self._receive(sender, message)
+        self._drain_local()
+
+    def outbox(self) -> list[tuple[str, Message]]:
+        """(node id, message) pairs to send, in order, since the last call."""
+        outbox, self._outbox = self._outbox, []
+        return outbox
+
+    def events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    # -- time --------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        deadlines = [self._peers.next_deadline(), self._leases.grace_until]
+        if self._asked_at:
+            deadlines.append(self._next_retry)
+        deadlines.extend(deadline for _, deadline in self._awaiting.values())
+        if self._needs_audit():
+            deadlines.append(max(self._next_audit, self._ring_changed_at + self._settle))
+        known = [d for d in deadlines if d is not None]
+        return min(known) if known else None
+
+    def expire(self, now: float) -> list[int]:
+        """Expire peers, end grace periods, retry waiting locks, give up on late handoffs and
+        audit, as their times come; returns the ids of the expired peers."""
+        self._now = now
+        expired = self._peers.expire(now)
+        for peer_id, locks in expired:
+            self._peer_gone(peer_id, locks, expired=True)
+        self._leases.end_grace(now)
+        self._deliver_grants()
+        for source, (old, deadline) in list(self._awaiting.items()):
+            if now >= deadline:
+                del self._awaiting[source]
+                self._take_over(source, old, now)
+                self._replay_held_back()
+        if self._asked_at and now >= self._next_retry:
+            stale = [p for p, asked in self._asked_at.items() if now - asked >= RETRY_INTERVAL]
+            for peer_id in stale:
+                pending = self._peers.pending(peer_id)
+                if pending is None:
+                    del self._asked_at[peer_id]
+                    continue
+                name, count = pending
+                self._ask(peer_id, name, count, self._tickets[peer_id, name], now)
+            self._next_retry = now + RETRY_INTERVAL
+        if self._needs_audit() and now >= self._next_audit and self._settled(now):
+            self._audit()
+            self._next_audit = now + AUDIT_INTERVAL
+        self._drain_local()
+        return [peer_id for peer_id, _ in expired]
+
+    # -- replicas and observation -------------------------------------------------------------
+
+    def replica(self, now: float) -> Replica:
+        me = self.node_id
+        names = [n for n in self._config if self._leases.in_use(n) or self.owner_of(n) == me]
+        return Replica(self._peers.snapshot(now), self._leases.snapshot(names))
+
+    def stats(self, now: float) -> list[SemaphoreStats]:
+        return self._leases.stats(now, [n for n in self._config if self.serves_semaphore(n)])
+
+    @property
+    def restores_beyond_max(self) -> int:
+        return self._leases.restores_beyond_max
+
+    def waiting_for_handoff(self) -> list[str]:
+        return sorted(self._awaiting)
+
+    # -- internals: home ---------------------------------------------------------------------
+
+    def _ask(self, peer_id: int, semaphore: str, count: int, ticket: int, now: float) -> None:
+        if not self._asked_at:
+            self._next_retry = now + RETRY_INTERVAL
+        self._asked_at[peer_id] = now
+        self._send(self.owner_of(semaphore), LockRequest(peer_id, semaphore, count, ticket))
+
+    def _peer_gone(self, peer_id: int, locks: list[str], expired: bool) -> None:
+        self._events.append(PeerRemoved(peer_id, expired))
+        for name in locks:
+            self._forget_lock(peer_id, name, tell_owner=True)
+
+    def _forget_lock(self, peer_id: int, semaphore: str, tell_owner: bool) -> None:
+        ticket = self._tickets.pop((peer_id, semaphore), None)
+        self._tokens.pop((peer_id, semaphore), None)
+        if self._peers.pending(peer_id) is None:
+            self._asked_at.pop(peer_id, None)
+        if tell_owner and ticket is not None:
+            self._send(self.owner_of(semaphore), LockRelease(peer_id, semaphore, ticket))
+
+    def _reassert(self, peer_ids: Iterable[int], which: Callable[[str], bool], now: float) -> None:
+        """Tell owners again about the locks of `peer_ids` on semaphores `which` says."""
+        for peer_id, name, count, waiting in list(self._peers.locks(iter(list(peer_ids)))):
+            if not which(name) or self.home_of(peer_id) != self.node_id:
+                continue
+            ticket = self._tickets.get((peer_id, name))
+            if ticket is None:
+                ticket = self._tickets[peer_id, name] = self._rng.getrandbits(63)
+            if waiting:
+                self._ask(peer_id, name, count, ticket, now)
+            else:
+                self._send(self.owner_of(name), LockRestore(peer_id, name, count, ticket))
+
+    def _as_home(self, sender: str, message: LockAnswer | LockRefused) -> None:
+        peer_id, name = message.peer_id, message.semaphore
+        if self._tickets.get((peer_id, name)) != message.ticket:
+            # An answer about a lock this home no longer has: the owner must not keep a grant
+            # nobody wants. The ticket keeps the release from touching any newer lock.
+            # Only a home serving the peer knows that: one still waiting for the peer's state
+            # re-asserts its locks once it has it.
+            if isinstance(message, LockAnswer) and message.granted and self.serves_peer(peer_id):
+                self._send(sender, LockRelease(peer_id, name, message.ticket))
+            return
+        pending = self._peers.pending(peer_id)
+        waiting = pending is not None and pending[0] == name
+        if isinstance(message, LockRefused):
+            if waiting:
+                self._peers.release_lock(peer_id, name)
+                self._forget_lock(peer_id, name, tell_owner=False)
+                self._events.append(LockWithdrawn(peer_id, name))
+            return
+        if not message.granted:
+            if waiting:
+                self._events.append(LockQueued(peer_id, name))
+            return
+        self._tokens[peer_id, name] = message.token
+        if waiting and self._peers.granted(peer_id, name, pending[1]):
+            self._asked_at.pop(peer_id, None)
+            self._events.append(LockGranted(peer_id, name, pending[1]))
+
+    def _answer_audit(self, sender: str, audit: Audit) -> None:
+        if not self._settled(self._now):
+            return
+        for peer_id, name, ticket in zip(
+            audit.peer_ids, audit.semaphores, audit.tickets, strict=True
+        ):
+            if self.serves_peer(peer_id) and self._peers.wants(peer_id, name) is None:
+                self._send(sender, LockRelease(peer_id, name, ticket))
+
+    # -- internals: owner --------------------------------------------------------------------
+
+    def _as_owner(self, sender: str, message: LockRequest | LockRestore | LockRelease) -> None:
+        name = message.semaphore
+        if name not in self._config:
+            return
+        if self.owner_of(name) != self.node_id:
+            if isinstance(message, LockRequest):
+                self._send(sender, LockRefused(message.peer_id, name, message.ticket))
+            # A restore or release sent here by mistake: the home re-asserts at the right owner
+            # when it sees the change, and the owner's audit drops what nobody wants.
+            return
+        if not self.serves_semaphore(name):
+            self._held_back.append((sender, message))
+            return
+        peer_id = message.peer_id
+        if isinstance(message, LockRelease):
+            self._leases.release(peer_id, name, message.ticket)
+        else:
+            if isinstance(message, LockRequest):
+                granted = self._leases.request(
+                    peer_id, name, message.count, self._now, message.ticket
+                )
+            else:
+                self._leases.restore(peer_id, name, message.count, message.ticket)
+                granted = True
+            token = self._leases.token(peer_id, name) if granted else 0
+            self._send(sender, LockAnswer(peer_id, name, message.ticket, granted, token))
+        self._deliver_grants()
+
+    def _deliver_grants(self) -> None:
+        for grant in self._leases.events():
+            ticket = self._leases.ticket(grant.peer_id, grant.semaphore)
+            token = self._leases.token(grant.peer_id, grant.semaphore)
+            home = self.home_of(grant.peer_id)
+            if home is not None:
+                self._send(home, LockAnswer(grant.peer_id, grant.semaphore, ticket, True, token))
+
+    def _needs_audit(self) -> bool:
+        return any(self._leases.in_use(name) for name in self._config)
+
+    def _settled(self, now: float) -> bool:
+        return not self._awaiting and now - self._ring_changed_at >= self._settle
+
+    def _audit(self) -> None:
+        asks: dict[str, Audit] = {}
+        for name in self._config:
+            if not self.serves_semaphore(name):
+                continue
+            for peer_id, ticket in self._leases.holdings(name):
+                home = self.home_of(peer_id)
+                audit = asks.setdefault(home, Audit([], [], []))
+                audit.peer_ids.append(peer_id)
+                audit.semaphores.append(name)
+                audit.tickets.append(ticket)
+        for home, audit in asks.items():
+            self._send(home, audit)
+
+    # -- internals: moving state -------------------------------------------------------------
+
+    def _take_over(self, source: str, old: Ring | None, now: float) -> None:
+        """`source` is gone (or never handed over): take what this node owns of its share from
+        its latest replica, with a grace period for its semaphores."""
+        me = self.node_id
+
+        def was_theirs(key: bytes) -> bool:
+            return old is None or old.owner(key) == source
+
+        gained = [n for n in self.owned_semaphores() if was_theirs(semaphore_key(n))]
+        replica, received_at = self._replicas.pop(source, (Replica([], []), now))
+        peers = [
+            r
+            for r in replica.peers
+            if was_theirs(peer_key(r.peer_id)) and self.home_of(r.peer_id) == me
+        ]
+        loaded = self._peers.load(peers, received_at)
+        self._leases.merge(replica.semaphores, now, self._epoch, gained)
+        if self._takeover_grace > 0:
+            self._leases.start_grace(now + self._takeover_grace, gained)
+        if gained or loaded:
+            self.takeovers += 1
+        self._reassert(loaded, lambda name: True, now)
+
+    def _answer_pull(self, sender: str) -> None:
+        if self._ring is None or sender not in self._ring.members:
+            self._deferred_pulls.add(sender)
+            return
+        peers = self._peers.take(lambda peer_id: self.home_of(peer_id) == sender, self._now)
+        for record in peers:
+            for name in [*record.held, record.pending_semaphore]:
+                if name is not None:
+                    self._forget_lock(record.peer_id, name, tell_owner=False)
+            self._asked_at.pop(record.peer_id, None)
+            self._events.append(PeerMoved(record.peer_id))
+        names = [n for n in self._config if self.owner_of(n) == sender]
+        semaphores = self._leases.snapshot(names)
+        self._leases.drop(names)
+        self._send(sender, Handoff(peers, semaphores))
+
+    def _take_handoff(self, sender: str, handoff: Handoff) -> None:
+        # A handoff that comes after its pull timed out still merges: what this node took from
+        # the replica meanwhile stays, and the owners' audits drop what nobody wants.
+        self._awaiting.pop(sender, None)
+        now, me = self._now, self.node_id
+        peers = [r for r in handoff.peers if self.home_of(r.peer_id) == me]
+        loaded = self._peers.load(peers, now)
+        owned = [r.name for r in handoff.semaphores if self.owner_of(r.name) == me]
+        self._leases.merge(handoff.semaphores, now, self._epoch, owned)
+        self._reassert(loaded, lambda name: True, now)
+        self._replay_held_back()
+
+    def _replay_held_back(self) -> None:
+        held_back, self._held_back = self._held_back, []
+        for sender, message in held_back:
+            self._receive(sender, message)
+
+    # -- internals: plumbing -----------------------------------------------------------------
+
+    def _receive(self, sender: str, message: Message) -> None:
+        match message:
+            case LockRequest() | LockRestore() | LockRelease():
+                self._as_owner(sender, message)
+            case LockAnswer() | LockRefused():
+                self._as_home(sender, message)
+            case Audit():
+                self._answer_audit(sender, message)
+            case Pull():
+                self._answer_pull(sender)
+            case Handoff():
+                self._take_handoff(sender, message)
+
+    def _send(self, node_id: str | None, message: Message) -> None:
+        if node_id is None:
+            return
+        if node_id == self.node_id:
+            self._local.append(message)
+        else:
+            self._outbox.append((node_id, message))
+
+    def _drain_local(self) -> None:
+        while self._local:
+            self._receive(self.node_id, self._local.popleft())
+
+
+__all__ = [
+    "Audit",
+    "Event",
+    "Handoff",
+    "LockAnswer",
+    "LockGranted",
+    "LockQueued",
+    "LockRefused",
+    "LockRelease",
+    "LockRequest",
+    "LockRestore",
+    "LockWithdrawn",
+    "Message",
+    "PeerMoved",
+    "PeerRemoved",
+    "Pull",
+    "ShardCore",
+    "UnknownPeer",
+]

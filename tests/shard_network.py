@@ -1,0 +1,150 @@
+"""Several `ShardCore`s joined by an in-memory network, for tests of the home/owner protocol.
+
+Every ordered pair of nodes has a FIFO queue, as a node link does. Tests deliver messages one at a
+time, all of them, or drop them, and move a shared virtual clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+from sluicegate.cluster.semaphores import SemaphoreConfig
+from sluicegate.cluster.shard import ShardCore
+
+SETTLE = 1.0
+TAKEOVER_GRACE = 3.0
+PULL_TIMEOUT = 5.0
+
+
+class ShardNetwork:
+    def __init__(self, config: dict[str, SemaphoreConfig], node_ids: list[str], seed: int = 0):
+        self.config = config
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.epoch = 1000
+        self.nodes: dict[str, ShardCore] = {}
+        self.generations: dict[str, int] = {}
+        self.queues: dict[tuple[str, str], deque] = {}
+        self.events: dict[str, list] = {}
+        for node_id in node_ids:
+            self.start(node_id)
+        self.change_members(cold=True)
+        self.deliver_all()
+
+    def start(self, node_id: str) -> ShardCore:
+        """A node (re)starts empty, with a new generation."""
+        self.generations[node_id] = self.generations.get(node_id, 0) + 1
+        self.epoch += 1
+        self.nodes[node_id] = ShardCore(
+            node_id,
+            self.config,
+            rng=random.Random(self.rng.getrandbits(32)),
+            epoch=self.epoch,
+            settle=SETTLE,
+            takeover_grace=TAKEOVER_GRACE,
+            cold_start_grace=0.0,
+            pull_timeout=PULL_TIMEOUT,
+        )
+        self.events[node_id] = []
+        for pair in list(self.queues):
+            if node_id in pair:
+                del self.queues[pair]
+        return self.nodes[node_id]
+
+    def kill(self, node_id: str) -> None:
+        del self.nodes[node_id]
+        del self.generations[node_id]
+        for pair in list(self.queues):
+            if node_id in pair:
+                del self.queues[pair]
+
+    def change_members(self, cold: bool = False, only: list[str] | None = None) -> None:
+        """Every live node (or those in `only`) learns the current members."""
+        self.epoch += 1
+        for node_id in only or list(self.nodes):
+            self.nodes[node_id].change_members(dict(self.generations), self.now, self.epoch, cold)
+            self.collect(node_id)
+
+    def collect(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        for destination, message in node.outbox():
+            if destination in self.nodes:
+                self.queues.setdefault((node_id, destination), deque()).append(message)
+        self.events[node_id].extend(node.events())
+
+    def send_replicas(self) -> None:
+        for node_id, node in self.nodes.items():
+            replica = node.replica(self.now)
+            for other_id, other in self.nodes.items():
+                if other_id != node_id:
+                    other.on_message(node_id, replica, self.now)
+
+    def deliver_one(self, source: str, destination: str) -> bool:
+        queue = self.queues.get((source, destination))
+        if not queue:
+            return False
+        message = queue.popleft()
+        self.nodes[destination].on_message(source, message, self.now)
+        self.collect(destination)
+        return True
+
+    def deliver_all(self, limit: int = 100_000) -> int:
+        delivered = 0
+        while True:
+            busy = [pair for pair, queue in self.queues.items() if queue]
+            if not busy:
+                return delivered
+            for source, destination in busy:
+                self.deliver_one(source, destination)
+                delivered += 1
+            if delivered > limit:
+                raise AssertionError("messages keep flowing: a loop between nodes")
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock, waking every node at each of its deadlines on the way."""
+        end = self.now + seconds
+        while True:
+            deadlines = [
+                d for n in self.nodes.values() if (d := n.next_deadline()) is not None and d <= end
+            ]
+            self.now = max(self.now, min(deadlines)) if deadlines else end
+            for node_id, node in self.nodes.items():
+                node.expire(self.now)
+                self.collect(node_id)
+            self.deliver_all()
+            if not deadlines:
+                return
+
+    def home(self, peer_id: int) -> ShardCore:
+        return self.nodes[next(iter(self.nodes.values())).home_of(peer_id)]
+
+    def owner(self, semaphore: str) -> ShardCore:
+        return self.nodes[next(iter(self.nodes.values())).owner_of(semaphore)]
+
+    def new_peer(self, node_id: str, expires_in: float = 60.0) -> int:
+        peer_id = self.nodes[node_id].new_peer(self.now + expires_in, self.rng)
+        self.collect(node_id)
+        return peer_id
+
+    def acquire(self, peer_id: int, semaphore: str, count: int = 1) -> bool:
+        """Acquire at the peer's home and deliver everything: does the peer hold all its locks?"""
+        home = self.home(peer_id)
+        result = home.acquire(peer_id, semaphore, count, self.now)
+        self.collect(home.node_id)
+        self.deliver_all()
+        return home.is_acquired(peer_id) if result is None else result
+
+    def release(self, peer_id: int, semaphore: str) -> None:
+        home = self.home(peer_id)
+        home.release_lock(peer_id, semaphore)
+        self.collect(home.node_id)
+        self.deliver_all()
+
+    def acquired(self, semaphore: str) -> int:
+        """The count held on `semaphore`, as its owner sees it."""
+        owner = self.owner(semaphore)
+        return self.config[semaphore].max - owner.remainder(semaphore)
+
+    def token(self, peer_id: int, semaphore: str) -> int | None:
+        return self.home(peer_id).fencing_token(peer_id, semaphore)
