@@ -1,12 +1,14 @@
-"""The cost of forwarding: the same HTTP acquire+release cycles sent to the node that holds the
-semaphores and to one that forwards them, side by side in one run.
+"""The cost of forwarding: the same HTTP acquire+release cycles sent to the semaphore's owner and
+to a node that does not own it, side by side in one run.
 
     python bench/forwarding.py [--duration 5]
 
 Starts three nodes on free loopback ports (they share the machine's cores with the client), waits
-until they agree, finds the node holding the state (the owner), and runs the cycles of
+until they agree, finds the owner of the semaphore by the ring, and runs the cycles of
 `bench/http_semaphores.py` with 1 and with 32 peers against the owner and against another node.
-Prints both rows and the ratios non-owner / owner.
+The peers are created at the node the client talks to, so they are homed there: against the owner
+nothing crosses a link; against the other node every acquire and release goes from the peer's home
+to the owner and back. Prints both rows and the ratios non-owner / owner.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_semaphores import scenario  # noqa: E402
 
-from tests.nodes import NodeProcess, gauge, is_ready  # noqa: E402
+from sluicegate.cluster.ring import Ring, semaphore_key  # noqa: E402
+from tests.nodes import NodeProcess, is_ready  # noqa: E402
 
 CONFIG = """
 [semaphores]
@@ -36,14 +39,14 @@ gossip_interval = "200ms"
 ENV = {"SLUICEGATE_CLUSTER_SECRET": "bench", "SLUICEGATE_TEST_LOG": "WARN"}
 
 
-def start_cluster(workdir: Path) -> list[NodeProcess]:
-    nodes = [NodeProcess(CONFIG, workdir=workdir / "n1", args=["--node-id", "n1"], env=ENV)]
-    nodes[0].start()
+def start_cluster(workdir: Path) -> dict[str, NodeProcess]:
+    first = NodeProcess(CONFIG, workdir=workdir / "n1", args=["--node-id", "n1"], env=ENV)
+    nodes = {"n1": first.start()}
     for name in ("n2", "n3"):
-        join = ["--node-id", name, "--join", f"127.0.0.1:{nodes[0].port}"]
-        nodes.append(NodeProcess(CONFIG, workdir=workdir / name, args=join, env=ENV).start())
+        join = ["--node-id", name, "--join", f"127.0.0.1:{first.port}"]
+        nodes[name] = NodeProcess(CONFIG, workdir=workdir / name, args=join, env=ENV).start()
     deadline = time.monotonic() + 30
-    while not all(is_ready(n.url) for n in nodes):
+    while not all(is_ready(n.url) for n in nodes.values()):
         if time.monotonic() > deadline:
             raise RuntimeError("the nodes did not become ready")
         time.sleep(0.1)
@@ -57,15 +60,15 @@ def main() -> None:
 
     nodes = start_cluster(Path(tempfile.mkdtemp(prefix="sluicegate-bench-")))
     try:
-        owner = next(n for n in nodes if gauge(n, "sluicegate_authority") == 1)
-        other = next(n for n in nodes if n is not owner)
+        owner = nodes[Ring(nodes).owner(semaphore_key("bench"))]
+        other = next(n for n in nodes.values() if n is not owner)
         rows = []
         for peers in (1, 32):
             for label, node in (("owner", owner), ("non-owner", other)):
                 row = trio.run(scenario, "127.0.0.1", node.port, peers, args.duration)
                 rows.append((label, row))
     finally:
-        for node in nodes:
+        for node in nodes.values():
             node.stop()
 
     print(f"HTTP acquire+release, 3-node cluster, {args.duration:g} s per row")

@@ -11,14 +11,15 @@ at once, so a cluster of one behaves exactly like `SemaphoreCore`.
 
 Home to owner: `LockRequest`, `LockRestore`, `LockRelease`. Owner to home: `LockAnswer` (granted
 with its fencing token, or queued; a queued lock's grant is another `LockAnswer` later) and
-`LockRefused` (not the owner: the home withdraws the lock and its client hears 503). Every lock
-carries a *ticket*, the home's random name for it: answers and releases quote it, so a message that
-crossed a newer request of the same peer on the way cannot touch the newer lock.
+`LockRefused` (not the owner in its view; the home asks again later). Every lock carries a
+*ticket*, the home's random name for it: answers and releases quote it, so a message that crossed
+a newer request of the same peer on the way cannot touch the newer lock.
 
-Nothing here assumes messages arrive. A home asks again for every lock still waiting after
-`RETRY_INTERVAL`; an owner asks each home every `AUDIT_INTERVAL` whether it still wants the locks it
-holds for it (`Audit`) and drops those it does not. Both are idempotent, so lost, repeated and late
-messages all settle.
+Nothing here assumes messages arrive. A home sends a request or restore again every
+`RETRY_INTERVAL` until the owner answers it, and asks again about a queued lock every
+`QUEUED_RECHECK` (a grant may have been lost); an owner asks each home every `AUDIT_INTERVAL`
+whether it still wants the locks it holds for it (`Audit`) and drops those it does not. All of it
+is idempotent, so lost, repeated and late messages all settle.
 
 When members change (`change_members`):
 * a member that is gone (dead, left, or restarted with a new generation) leaves its keys to its
@@ -52,8 +53,10 @@ from .semaphore_leases import (
 )
 from .semaphores import Replica
 
-# A home asks again for a lock still waiting this long after it last asked.
+# A home sends a lock to its owner again if no answer came this long after it sent it...
 RETRY_INTERVAL = 1.0
+# ... and asks again about a lock that waits in line this often.
+QUEUED_RECHECK = 5.0
 # An owner asks homes whether they still want its locks this often (once members are settled).
 AUDIT_INTERVAL = 2.0
 
@@ -139,21 +142,13 @@ class LockQueued:
 
 
 @dataclass(frozen=True)
-class LockWithdrawn:
-    """The lock could not be asked for (its owner refused it) and was withdrawn."""
-
-    peer_id: int
-    semaphore: str
-
-
-@dataclass(frozen=True)
 class PeerMoved:
     """The peer's home is another node now; a request waiting for it must answer here."""
 
     peer_id: int
 
 
-Event = LockGranted | LockQueued | LockWithdrawn | PeerRemoved | PeerMoved
+Event = LockGranted | LockQueued | PeerRemoved | PeerMoved
 Message = (
     LockRequest | LockRestore | LockRelease | LockAnswer | LockRefused | Audit | Pull | Handoff
 )
@@ -194,11 +189,11 @@ class ShardCore:
         self._replicas: dict[str, tuple[Replica, float]] = {}
         # Owner messages for semaphores whose state is on its way here, applied once it came.
         self._held_back: list[tuple[str, Message]] = []
-        # Home: the ticket of each lock of its peers, the token of each held one, and when each
-        # waiting lock was last asked for.
+        # Home: the ticket of each lock of its peers, the token of each held one, and when to
+        # tell the owner again about a lock it has not confirmed (or that waits in line).
         self._tickets: dict[tuple[int, str], int] = {}
         self._tokens: dict[tuple[int, str], int] = {}
-        self._asked_at: dict[int, float] = {}
+        self._due: dict[tuple[int, str], float] = {}
         self._next_retry = math.inf
         self._next_audit = -math.inf
         self._outbox: list[tuple[str, Message]] = []
@@ -281,9 +276,9 @@ class ShardCore:
         decision = self._peers.acquire(peer_id, semaphore, count, now, expires_in)
         if not isinstance(decision, AskOwner):
             return decision
-        ticket = self._tickets[peer_id, semaphore] = self._rng.getrandbits(63)
+        self._tickets[peer_id, semaphore] = self._rng.getrandbits(63)
         seen = len(self._events)
-        self._ask(peer_id, semaphore, count, ticket, now)
+        self._tell_owner(peer_id, semaphore, now)
         self._drain_local()
         if self._peers.holds(peer_id, semaphore) == count:
             return True
@@ -308,9 +303,9 @@ class ShardCore:
     def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> None:
         self._check_home(peer_id)
         if self._peers.restore(peer_id, acquired, expires_at):
-            for name, count in acquired.items():
-                ticket = self._tickets[peer_id, name] = self._rng.getrandbits(63)
-                self._send(self.owner_of(name), LockRestore(peer_id, name, count, ticket))
+            for name in acquired:
+                self._tickets[peer_id, name] = self._rng.getrandbits(63)
+                self._tell_owner(peer_id, name, self._now)
             self._drain_local()
 
     # -- members -----------------------------------------------------------------------------
@@ -386,7 +381,7 @@ class ShardCore:
 
     def next_deadline(self) -> float | None:
         deadlines = [self._peers.next_deadline(), self._leases.grace_until]
-        if self._asked_at:
+        if self._due:
             deadlines.append(self._next_retry)
         deadlines.extend(deadline for _, deadline in self._awaiting.values())
         if self._needs_audit():
@@ -408,15 +403,9 @@ class ShardCore:
                 del self._awaiting[source]
                 self._take_over(source, old, now)
                 self._replay_held_back()
-        if self._asked_at and now >= self._next_retry:
-            stale = [p for p, asked in self._asked_at.items() if now - asked >= RETRY_INTERVAL]
-            for peer_id in stale:
-                pending = self._peers.pending(peer_id)
-                if pending is None:
-                    del self._asked_at[peer_id]
-                    continue
-                name, count = pending
-                self._ask(peer_id, name, count, self._tickets[peer_id, name], now)
+        if self._due and now >= self._next_retry:
+            for peer_id, name in [key for key, due in self._due.items() if now >= due]:
+                self._tell_owner(peer_id, name, now)
             self._next_retry = now + RETRY_INTERVAL
         if self._needs_audit() and now >= self._next_audit and self._settled(now):
             self._audit()
@@ -443,11 +432,26 @@ class ShardCore:
 
     # -- internals: home ---------------------------------------------------------------------
 
-    def _ask(self, peer_id: int, semaphore: str, count: int, ticket: int, now: float) -> None:
-        if not self._asked_at:
+    def _tell_owner(self, peer_id: int, semaphore: str, now: float) -> None:
+        """Send the lock as it stands to its owner: a request while it waits, a restore while it
+        is held. Until the owner answers, it goes again every `RETRY_INTERVAL`."""
+        key = (peer_id, semaphore)
+        pending = self._peers.pending(peer_id)
+        ticket = self._tickets.get(key)
+        if ticket is None:
+            ticket = self._tickets[key] = self._rng.getrandbits(63)
+        if pending is not None and pending[0] == semaphore:
+            message: Message = LockRequest(peer_id, semaphore, pending[1], ticket)
+        else:
+            count = self._peers.holds(peer_id, semaphore)
+            if count is None:
+                self._due.pop(key, None)
+                return
+            message = LockRestore(peer_id, semaphore, count, ticket)
+        if not self._due:
             self._next_retry = now + RETRY_INTERVAL
-        self._asked_at[peer_id] = now
-        self._send(self.owner_of(semaphore), LockRequest(peer_id, semaphore, count, ticket))
+        self._due[key] = now + RETRY_INTERVAL
+        self._send(self.owner_of(semaphore), message)
 
     def _peer_gone(self, peer_id: int, locks: list[str], expired: bool) -> None:
         self._events.append(PeerRemoved(peer_id, expired))
@@ -457,23 +461,15 @@ class ShardCore:
     def _forget_lock(self, peer_id: int, semaphore: str, tell_owner: bool) -> None:
         ticket = self._tickets.pop((peer_id, semaphore), None)
         self._tokens.pop((peer_id, semaphore), None)
-        if self._peers.pending(peer_id) is None:
-            self._asked_at.pop(peer_id, None)
+        self._due.pop((peer_id, semaphore), None)
         if tell_owner and ticket is not None:
             self._send(self.owner_of(semaphore), LockRelease(peer_id, semaphore, ticket))
 
     def _reassert(self, peer_ids: Iterable[int], which: Callable[[str], bool], now: float) -> None:
         """Tell owners again about the locks of `peer_ids` on semaphores `which` says."""
-        for peer_id, name, count, waiting in list(self._peers.locks(iter(list(peer_ids)))):
-            if not which(name) or self.home_of(peer_id) != self.node_id:
-                continue
-            ticket = self._tickets.get((peer_id, name))
-            if ticket is None:
-                ticket = self._tickets[peer_id, name] = self._rng.getrandbits(63)
-            if waiting:
-                self._ask(peer_id, name, count, ticket, now)
-            else:
-                self._send(self.owner_of(name), LockRestore(peer_id, name, count, ticket))
+        for peer_id, name, _, _ in list(self._peers.locks(iter(list(peer_ids)))):
+            if which(name) and self.home_of(peer_id) == self.node_id:
+                self._tell_owner(peer_id, name, now)
 
     def _as_home(self, sender: str, message: LockAnswer | LockRefused) -> None:
         peer_id, name = message.peer_id, message.semaphore
@@ -485,21 +481,18 @@ class ShardCore:
             if isinstance(message, LockAnswer) and message.granted and self.serves_peer(peer_id):
                 self._send(sender, LockRelease(peer_id, name, message.ticket))
             return
+        if isinstance(message, LockRefused):
+            return  # the owner is another node in its view; `_due` sends it again later
         pending = self._peers.pending(peer_id)
         waiting = pending is not None and pending[0] == name
-        if isinstance(message, LockRefused):
-            if waiting:
-                self._peers.release_lock(peer_id, name)
-                self._forget_lock(peer_id, name, tell_owner=False)
-                self._events.append(LockWithdrawn(peer_id, name))
-            return
         if not message.granted:
             if waiting:
+                self._due[peer_id, name] = self._now + QUEUED_RECHECK
                 self._events.append(LockQueued(peer_id, name))
             return
+        self._due.pop((peer_id, name), None)
         self._tokens[peer_id, name] = message.token
         if waiting and self._peers.granted(peer_id, name, pending[1]):
-            self._asked_at.pop(peer_id, None)
             self._events.append(LockGranted(peer_id, name, pending[1]))
 
     def _answer_audit(self, sender: str, audit: Audit) -> None:
@@ -517,13 +510,14 @@ class ShardCore:
         name = message.semaphore
         if name not in self._config:
             return
-        if self.owner_of(name) != self.node_id:
-            if isinstance(message, LockRequest):
+        if self._ring is not None and self.owner_of(name) != self.node_id:
+            # Not ours in this node's view: the home sends a request or restore again until the
+            # owner it finds answers; a release sent here by mistake is left to that owner's
+            # audit.
+            if not isinstance(message, LockRelease):
                 self._send(sender, LockRefused(message.peer_id, name, message.ticket))
-            # A restore or release sent here by mistake: the home re-asserts at the right owner
-            # when it sees the change, and the owner's audit drops what nobody wants.
             return
-        if not self.serves_semaphore(name):
+        if self._ring is None or not self.serves_semaphore(name):
             self._held_back.append((sender, message))
             return
         peer_id = message.peer_id
@@ -603,7 +597,6 @@ class ShardCore:
             for name in [*record.held, record.pending_semaphore]:
                 if name is not None:
                     self._forget_lock(record.peer_id, name, tell_owner=False)
-            self._asked_at.pop(record.peer_id, None)
             self._events.append(PeerMoved(record.peer_id))
         names = [n for n in self._config if self.owner_of(n) == sender]
         semaphores = self._leases.snapshot(names)
@@ -666,7 +659,6 @@ __all__ = [
     "LockRelease",
     "LockRequest",
     "LockRestore",
-    "LockWithdrawn",
     "Message",
     "PeerMoved",
     "PeerRemoved",

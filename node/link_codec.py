@@ -18,6 +18,16 @@ from sluicegate.cluster.semaphore_ops import (
     Restore,
 )
 from sluicegate.cluster.semaphores import Replica
+from sluicegate.cluster.shard import (
+    Audit,
+    Handoff,
+    LockAnswer,
+    LockRefused,
+    LockRelease,
+    LockRequest,
+    LockRestore,
+    Pull,
+)
 
 from .links import HANDSHAKE_MESSAGES
 from .rpc import Call, Failure, Reply
@@ -43,6 +53,14 @@ LINK_CODEC = Codec(
         20: Replica,
         21: PeerRecord,
         22: SemaphoreRecord,
+        23: LockRequest,
+        24: LockRestore,
+        25: LockRelease,
+        26: LockAnswer,
+        27: LockRefused,
+        28: Audit,
+        29: Pull,
+        30: Handoff,
         **HANDSHAKE_MESSAGES,
     }
 )

@@ -69,6 +69,15 @@ class MembershipActor:
         )
         return oldest.node_id if oldest is not None else None
 
+    def generations(self) -> dict[str, int]:
+        """Each live member's generation: a new one means it restarted and lost its memory."""
+        members = {}
+        for node_id in self.live_members():
+            state = self._membership.state_of(node_id)
+            if state is not None:
+                members[node_id] = state.generation
+        return members
+
     def gossip_lag(self) -> dict[str, float]:
         """Seconds since each other live member's entry last advanced (a fresh heartbeat)."""
         now = self._clock()

@@ -6,13 +6,9 @@ nodes running in one process, as in the simulations), filled at scrape time from
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from sluicegate.cluster.ring import semaphore_key
 
 from .links import Links
 from .membership_actor import MembershipActor
@@ -25,12 +21,10 @@ class ClusterCollector(Collector):
         membership: MembershipActor,
         links: Links,
         service: ClusterSemaphores,
-        semaphores: Iterable[str],
     ) -> None:
         self._membership = membership
         self._links = links
         self._service = service
-        self._semaphore_keys = [semaphore_key(name) for name in semaphores]
 
     def collect(self):
         yield GaugeMetricFamily(
@@ -38,28 +32,33 @@ class ClusterCollector(Collector):
             "Members this node believes alive, itself included.",
             value=len(self._membership.live_members()),
         )
-        ring, me = self._membership.ring, self._membership.node_id
+        core = self._service.core
         yield GaugeMetricFamily(
             "sluicegate_semaphores_owned",
             "Configured semaphores whose ring owner this node is, by its view of the members.",
-            value=sum(1 for key in self._semaphore_keys if ring.owner(key) == me),
+            value=len(core.owned_semaphores()),
         )
         yield GaugeMetricFamily(
-            "sluicegate_authority",
-            "1 while this node holds the semaphores' state (interim: one node holds all of it).",
-            value=1 if self._service.serving else 0,
+            "sluicegate_peers_homed",
+            "Peers whose home is this node.",
+            value=len(core.peer_ids()),
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_handoffs_awaited",
+            "Members whose handoff this joining node still waits for before it serves.",
+            value=len(core.waiting_for_handoff()),
         )
         yield GaugeMetricFamily(
             "sluicegate_ready", "1 once this node serves requests.", value=int(self._service.ready)
         )
         yield CounterMetricFamily(
             "sluicegate_requests_forwarded",
-            "Semaphore requests this node forwarded to the node holding the state.",
+            "Semaphore requests this node forwarded to the peer's home or the semaphore's owner.",
             value=self._service.forwarded,
         )
         yield CounterMetricFamily(
             "sluicegate_takeovers",
-            "Times this node took over the semaphores from another node.",
+            "Times this node took over part of a departed member's share from its replica.",
             value=self._service.takeovers,
         )
         yield CounterMetricFamily(

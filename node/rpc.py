@@ -61,6 +61,7 @@ _ERRORS: dict[str, type[Exception]] = {
         errors.InvalidLockCount,
         errors.RestoreConflict,
         errors.ShrinkingLockCount,
+        errors.NotServing,
         Unavailable,
     )
 }

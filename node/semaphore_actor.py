@@ -1,10 +1,15 @@
 """The semaphore actor: one trio task owns the semaphore core, fed by a memory channel.
 
 Every request carries its own reply slot. The task drains everything queued into one batch per
-wake-up, applies it in arrival order, and otherwise sleeps until the core's next expiry or the next
-blocked acquire runs out of patience. Acquires with `block_for` park here, in the actor, and are
-answered the moment their peer holds all its locks, fails (peer deleted or expired), or the time
-is up.
+wake-up, applies it in arrival order, and otherwise sleeps until the core's next deadline or the
+next blocked acquire runs out of patience. Acquires with `block_for` park here, in the actor, and
+are answered the moment their peer holds all its locks, fails (peer deleted or expired), or the
+time is up.
+
+The core is a `SemaphoreCore` on a single node, or a `ShardCore` in a cluster. Then messages from
+other nodes come in through `deliver`, the core's outbox goes out through `send` after every
+batch, and an acquire whose semaphore is owned elsewhere parks until the owner's answer arrives
+(at most `DECISION_TIMEOUT`, after which "not yet" is a true answer: the lock is pending).
 """
 
 from __future__ import annotations
@@ -20,19 +25,30 @@ import trio
 
 from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
 from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
-from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
+from sluicegate.cluster.semaphores import (
+    LockGranted,
+    PeerRemoved,
+    Replica,
+    SemaphoreCore,
+    SemaphoreStats,
+)
+from sluicegate.cluster.shard import LockQueued, PeerMoved, ShardCore
 
 log = logging.getLogger("sluicegate.semaphores")
 
 INBOX_SIZE = 4096
 NOT_YET = AcquireOutcome(False)
+# How long an acquire waits for a remote owner's first answer before answering "not yet".
+DECISION_TIMEOUT = 5.0
 
 
 class _Request:
-    __slots__ = ("op", "done", "result", "error")
+    __slots__ = ("op", "done", "result", "error", "undecided")
 
     def __init__(self, op: Operation | None) -> None:
         self.op = op
+        # Parked only until the owner decides (no `block_for`): "queued" answers it.
+        self.undecided = False
         self.done = trio.Event()
         self.result: object = None
         self.error: BaseException | None = None
@@ -53,11 +69,21 @@ class _StopBlocking:
         self.done = trio.Event()
 
 
-class _Reset:
-    """Control message: replace the core (this node gained or lost the state's authority)."""
+class _Delivered:
+    """A message from another node, for the core."""
 
-    def __init__(self, core: SemaphoreCore) -> None:
-        self.core = core
+    __slots__ = ("sender", "message")
+
+    def __init__(self, sender: str, message: object) -> None:
+        self.sender = sender
+        self.message = message
+
+
+class _MembersChanged:
+    def __init__(self, members: dict[str, int], epoch: int, cold: bool) -> None:
+        self.members = members
+        self.epoch = epoch
+        self.cold = cold
         self.done = trio.Event()
 
 
@@ -78,12 +104,14 @@ class _Stats:
 class SemaphoreActor:
     def __init__(
         self,
-        core: SemaphoreCore,
+        core: SemaphoreCore | ShardCore,
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = trio.current_time,
+        send: Callable[[str, object], None] | None = None,
     ) -> None:
         self._core = core
+        self._send_out = send
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
@@ -91,8 +119,6 @@ class SemaphoreActor:
         self._park_deadlines: list[tuple[float, int, _Request]] = []
         self._sequence = itertools.count()
         self._blocking = True
-        # Restores beyond max counted by cores this actor has since replaced.
-        self._restores_beyond_max_before = 0
         # Grows with every request applied and every expiry: has the state changed since?
         self.changes = 0
 
@@ -111,9 +137,13 @@ class SemaphoreActor:
         await message.done.wait()
         return message.result
 
-    async def reset(self, core: SemaphoreCore) -> None:
-        """Serve from `core` from now on; parked acquires are answered "not yet" (202)."""
-        message = _Reset(core)
+    async def deliver(self, sender: str, message: object) -> None:
+        """A message from node `sender` for the core (cluster only)."""
+        await self._send.send(_Delivered(sender, message))
+
+    async def members_changed(self, members: dict[str, int], epoch: int, cold: bool) -> None:
+        """The live members (id -> generation) changed (cluster only)."""
+        message = _MembersChanged(members, epoch, cold)
         await self._send.send(message)
         await message.done.wait()
 
@@ -130,9 +160,14 @@ class SemaphoreActor:
         await message.done.wait()
 
     @property
+    def core(self) -> SemaphoreCore | ShardCore:
+        """For reading gauges at scrape time; everything else goes through messages."""
+        return self._core
+
+    @property
     def restores_beyond_max(self) -> int:
         """Restores that left a semaphore above its max, over this node's life."""
-        return self._restores_beyond_max_before + self._core.restores_beyond_max
+        return self._core.restores_beyond_max
 
     def close(self) -> None:
         self._send.close()
@@ -157,6 +192,9 @@ class SemaphoreActor:
             self._expire(now)
             for message in batch:
                 self._handle(message, now)
+            if self._send_out is not None:
+                for node_id, message in self._core.outbox():
+                    self._send_out(node_id, message)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -184,12 +222,20 @@ class SemaphoreActor:
                 request.succeed(NOT_YET)
 
     def _handle(
-        self, message: _Request | _StopBlocking | _Reset | _Replica | _Stats, now: float
+        self,
+        message: _Request | _Delivered | _MembersChanged | _StopBlocking | _Replica | _Stats,
+        now: float,
     ) -> None:
-        if isinstance(message, _Reset):
-            self._answer_all_parked()
-            self._restores_beyond_max_before += self._core.restores_beyond_max
-            self._core = message.core
+        if isinstance(message, _Delivered):
+            if not isinstance(message.message, Replica):
+                self.changes += 1  # another node's replica changes nothing of this node's
+            self._core.on_message(message.sender, message.message, now)
+            self._dispatch_events()
+            return
+        if isinstance(message, _MembersChanged):
+            self.changes += 1
+            self._core.change_members(message.members, now, message.epoch, message.cold)
+            self._dispatch_events()
             message.done.set()
             return
         if isinstance(message, _Stats | _Replica):
@@ -215,10 +261,10 @@ class SemaphoreActor:
             elif result:
                 message.succeed(self._granted(op))
             elif op.block_for and op.block_for > 0 and self._blocking:
-                self._parked.setdefault(op.peer_id, []).append(message)
-                heapq.heappush(
-                    self._park_deadlines, (now + op.block_for, next(self._sequence), message)
-                )
+                self._park(message, now + op.block_for)
+            elif result is None and self._blocking:
+                message.undecided = True
+                self._park(message, now + DECISION_TIMEOUT)
             else:
                 message.succeed(NOT_YET)
             if isinstance(op, Restore):
@@ -228,6 +274,10 @@ class SemaphoreActor:
                 )
         self._dispatch_events()
 
+    def _park(self, request: _Request, deadline: float) -> None:
+        self._parked.setdefault(request.op.peer_id, []).append(request)
+        heapq.heappush(self._park_deadlines, (deadline, next(self._sequence), request))
+
     def _dispatch_events(self) -> None:
         for event in self._core.events():
             if isinstance(event, LockGranted):
@@ -236,6 +286,14 @@ class SemaphoreActor:
             elif isinstance(event, PeerRemoved):
                 for request in self._parked.pop(event.peer_id, ()):
                     request.fail(UnknownPeer(event.peer_id))
+            elif isinstance(event, PeerMoved):
+                for request in self._parked.pop(event.peer_id, ()):
+                    request.succeed(NOT_YET)
+            elif isinstance(event, LockQueued):
+                for request in list(self._parked.get(event.peer_id, ())):
+                    if request.undecided:
+                        self._unpark(request)
+                        request.succeed(NOT_YET)
 
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self._core.fencing_token(op.peer_id, op.semaphore))

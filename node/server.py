@@ -15,6 +15,17 @@ from hypercorn.trio import serve
 
 from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.semaphores import Replica, SemaphoreCore
+from sluicegate.cluster.shard import (
+    Audit,
+    Handoff,
+    LockAnswer,
+    LockRefused,
+    LockRelease,
+    LockRequest,
+    LockRestore,
+    Pull,
+    ShardCore,
+)
 
 from .app import NodeApp
 from .config import NodeConfig
@@ -30,6 +41,20 @@ log = logging.getLogger("sluicegate.node")
 
 # Long polls are answered at shutdown, so in-flight requests finish quickly; this bounds the rest.
 GRACEFUL_TIMEOUT = 0.5
+# A joining node waits this long for a member's handoff, then takes over from its replica.
+PULL_TIMEOUT = 5.0
+# What node links carry to the semaphore actor.
+SHARD_MESSAGES = (
+    Replica,
+    LockRequest,
+    LockRestore,
+    LockRelease,
+    LockAnswer,
+    LockRefused,
+    Audit,
+    Pull,
+    Handoff,
+)
 
 
 async def run_node(
@@ -51,7 +76,7 @@ async def run_node(
     hypercorn.errorlog = logging.getLogger("sluicegate.hypercorn")
     stopping = trio.Event()
 
-    cluster: tuple[MembershipActor, ClusterSemaphores] | None = None
+    cluster: tuple[MembershipActor, ClusterSemaphores, SemaphoreActor] | None = None
 
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -63,7 +88,8 @@ async def run_node(
                 log.info("Received %s, shutting down.", signal.Signals(signum).name)
                 await actor.stop_blocking()
                 if cluster is not None:
-                    membership, semaphores = cluster
+                    membership, semaphores, shard_actor = cluster
+                    await shard_actor.stop_blocking()
                     await semaphores.hand_over(timeout=0.3)
                     await membership.leave()
                 stopping.set()
@@ -87,6 +113,8 @@ async def run_node(
             task_status.started(url)
         # `serve` returns once in-flight requests are done; nothing needs the actors any more.
         actor.close()
+        if cluster is not None:
+            cluster[2].close()
         nursery.cancel_scope.cancel()
     log.info("Stopped.")
 
@@ -97,7 +125,7 @@ async def join_cluster(
     config: NodeConfig,
     address: str,
     *,
-    task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores]],
+    task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores, SemaphoreActor]],
 ) -> None:
     """Run membership, node links and forwarding for this node, reachable at `address`."""
     cluster = config.cluster
@@ -105,7 +133,7 @@ async def join_cluster(
     node_id = cluster.node_id or address
     rng = random.Random()
     membership_actor: MembershipActor | None = None
-    semaphores: ClusterSemaphores | None = None
+    shard_actor: SemaphoreActor | None = None
     rpc: Rpc | None = None
 
     async def deliver(remote_id: str, messages: list[object]) -> None:
@@ -113,11 +141,11 @@ async def join_cluster(
             if isinstance(message, Gossip):
                 membership_actor.receive(message)
             elif isinstance(message, Call):
-                nursery.start_soon(rpc.serve, remote_id, message, semaphores.serve)
+                nursery.start_soon(rpc.serve, remote_id, message, shard_actor.call)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
-            elif isinstance(message, Replica):
-                semaphores.receive_replica(remote_id, message)
+            elif isinstance(message, SHARD_MESSAGES):
+                await shard_actor.deliver(remote_id, message)
             else:
                 log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
 
@@ -136,24 +164,31 @@ async def join_cluster(
         node_id, address, time.time_ns(), cluster.join, down_after=cluster.down_after
     )
     membership_actor = MembershipActor(membership, links, interval=cluster.gossip_interval, rng=rng)
-    semaphores = ClusterSemaphores(
-        actor,
+    core = ShardCore(
+        node_id,
         config.semaphores,
+        rng=rng,
+        epoch=time.time_ns() // 1_000_000,
+        settle=cluster.down_after,
+        takeover_grace=cluster.takeover_grace,
+        cold_start_grace=cluster.cold_start_grace,
+        pull_timeout=PULL_TIMEOUT,
+    )
+    shard_actor = SemaphoreActor(core, rng=rng, send=links.send)
+    semaphores = ClusterSemaphores(
+        shard_actor,
         membership_actor,
         rpc,
         links,
         settle=cluster.down_after,
-        takeover_grace=cluster.takeover_grace,
-        cold_start_grace=cluster.cold_start_grace,
         settled_ticks=math.ceil(cluster.down_after / cluster.gossip_interval),
     )
     metrics = NodeMetrics()
-    metrics.registry.register(
-        ClusterCollector(membership_actor, links, semaphores, list(config.semaphores))
-    )
+    metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     app.join_cluster(semaphores, links, metrics.render)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:
+        await nursery.start(shard_actor.run)
         await nursery.start(membership_actor.run)
         await nursery.start(semaphores.run)
-        task_status.started((membership_actor, semaphores))
+        task_status.started((membership_actor, semaphores, shard_actor))

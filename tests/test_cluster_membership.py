@@ -166,15 +166,20 @@ def test_every_node_owns_what_the_ring_says(cluster):
     }
     assert sum(expected.values()) == len(SEMAPHORES)
     assert all(count > 0 for count in expected.values())
-    assert {
-        name: gauge(n, "sluicegate_semaphores_owned") for name, n in cluster.items()
-    } == expected
+
+    def owned() -> dict[str, float]:
+        return {name: gauge(n, "sluicegate_semaphores_owned") for name, n in cluster.items()}
+
+    # Each node takes the members on once they have settled (down_after).
+    wait_until(lambda: owned() == expected, 10, f"ownership as the ring says: {expected}")
 
     cluster["n3"].stop()
     wait_until(lambda: members_up(cluster["n1"]) == 2, 5, "n3 gone")
     wait_until(lambda: members_up(cluster["n2"]) == 2, 5, "n3 gone")
-    owned = [gauge(cluster[n], "sluicegate_semaphores_owned") for n in ("n1", "n2")]
-    assert sum(owned) == len(SEMAPHORES)  # n3's semaphores moved to the survivors
+    # n3's semaphores move to the survivors.
+    wait_until(
+        lambda: sum(owned()[n] for n in ("n1", "n2")) == len(SEMAPHORES), 5, "n3's share moved"
+    )
 
 
 def test_gossip_lag_of_live_members_stays_below_the_timeout(cluster):

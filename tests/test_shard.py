@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sluicegate.cluster.errors import NotServing, SemaphoreError, UnknownPeer
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
-from sluicegate.cluster.shard import LockQueued, LockRelease, LockRequest
+from sluicegate.cluster.shard import QUEUED_RECHECK, LockQueued, LockRelease, LockRequest
 
 from .shard_network import PULL_TIMEOUT, SETTLE, TAKEOVER_GRACE, ShardNetwork
 
@@ -115,7 +115,7 @@ def test_a_lost_grant_is_found_by_the_homes_retry():
     net.collect(owner)
     net.queues[owner, home_id].clear()  # the grant is lost on the way
     assert net.nodes[home_id].is_acquired(waiter) is False
-    net.advance(1.5)
+    net.advance(QUEUED_RECHECK + 0.5)
     assert net.nodes[home_id].is_acquired(waiter) is True
 
 
@@ -165,6 +165,27 @@ def test_without_a_replica_the_homes_rebuild_the_owner():
     net.advance(TAKEOVER_GRACE + 0.1)
     assert net.home(late).is_acquired(late) is False
     assert net.acquired("D") == 4
+
+
+def test_a_restore_refused_by_an_owner_that_has_not_seen_the_change_yet_is_sent_again():
+    net = ShardNetwork(CONFIG, NODES)
+    owner = net.owner("D").node_id
+    home_id, successor_id = [n for n in NODES if n != owner]
+    holder = net.new_peer(home_id)
+    assert net.acquire(holder, "D", 4) is True
+    net.kill(owner)  # no replica: only the home knows of the holder
+    net.change_members(only=[home_id])
+    net.deliver_all()  # the re-asserted restore reaches a node that does not own D yet
+    net.change_members(only=[successor_id])
+    net.deliver_all()
+    successor = net.nodes[successor_id]
+    assert successor is net.owner("D")
+    assert successor.remainder("D") == 5  # refused once, not counted yet
+    net.advance(1.5)
+    assert successor.remainder("D") == 1
+    net.advance(TAKEOVER_GRACE)
+    late = net.new_peer(successor_id)
+    assert net.acquire(late, "D", 2) is False
 
 
 def test_peers_of_a_dead_home_are_taken_over_from_its_replica():
