@@ -25,9 +25,10 @@ When members change (`change_members`):
 * a member that is gone (dead, left, or restarted with a new generation) leaves its keys to its
   ring successors, which take them over from the latest `Replica` it sent. A semaphore taken over
   gets a grace period: restores and re-assertions come in, nothing new is granted;
-* a node that joins, or restarts empty, sends `Pull` to every member, and serves nothing (503)
-  until each answered with a `Handoff` of what it held that the new node owns now (or until
-  `pull_timeout`, after which it takes over from that member's replica);
+* a node that joins, or restarts empty, sends `Pull` to every member (again every `pull_retry`),
+  and serves nothing (503) until each answered with a `Handoff` of what it held that the new node
+  owns now. A member answers once it counts the new node as a member, and stops serving that
+  share then. A member that dies before it answers leaves its share to its replica;
 * every home re-asserts, to the new owner, each lock on a semaphore whose owner changed.
 
 Pure: `now` and fencing epochs come in as arguments, randomness from the `rng` given.
@@ -120,6 +121,14 @@ class Audit:
 
 
 @dataclass(frozen=True, slots=True)
+class Reassert:
+    """A new owner to every member: tell me of your peers' locks on these semaphores (it took
+    them over from a departed member, maybe before the receiver noticed the departure)."""
+
+    semaphores: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Pull:
     """A joining node to a member: hand me what you hold that I own now."""
 
@@ -150,7 +159,15 @@ class PeerMoved:
 
 Event = LockGranted | LockQueued | PeerRemoved | PeerMoved
 Message = (
-    LockRequest | LockRestore | LockRelease | LockAnswer | LockRefused | Audit | Pull | Handoff
+    LockRequest
+    | LockRestore
+    | LockRelease
+    | LockAnswer
+    | LockRefused
+    | Audit
+    | Reassert
+    | Pull
+    | Handoff
 )
 
 
@@ -165,7 +182,7 @@ class ShardCore:
         settle: float,
         takeover_grace: float,
         cold_start_grace: float,
-        pull_timeout: float,
+        pull_retry: float,
     ) -> None:
         self.node_id = node_id
         self._config = dict(semaphores)
@@ -174,14 +191,14 @@ class ShardCore:
         self._settle = settle
         self._takeover_grace = takeover_grace
         self._cold_start_grace = cold_start_grace
-        self._pull_timeout = pull_timeout
+        self._pull_retry = pull_retry
         self._peers = PeerTable(semaphores)
         self._leases = SemaphoreLeases(semaphores, epoch)
         self._ring: Ring | None = None
         self._generations: dict[str, int] = {}
         self._ring_changed_at = -math.inf
         # Members whose Handoff this node waits for: member -> (ring before the change, or None
-        # if this node had none, and when to give up and take over from its replica instead).
+        # if this node had none, and when to send the pull again if no answer came).
         self._awaiting: dict[str, tuple[Ring | None, float]] = {}
         # Pulls from nodes this node does not count as members yet; answered once it does.
         self._deferred_pulls: set[str] = set()
@@ -193,9 +210,12 @@ class ShardCore:
         # tell the owner again about a lock it has not confirmed (or that waits in line).
         self._tickets: dict[tuple[int, str], int] = {}
         self._tokens: dict[tuple[int, str], int] = {}
-        self._due: dict[tuple[int, str], float] = {}
+        # (When, and to which node if not the owner by this node's view.)
+        self._due: dict[tuple[int, str], tuple[float, str | None]] = {}
         self._next_retry = math.inf
         self._next_audit = -math.inf
+        # Set when this node may hold state it does not own (see `_push_stranded`).
+        self._stranded = False
         self._outbox: list[tuple[str, Message]] = []
         # The latest `now` passed in: operations without one (release, restore) happen then.
         self._now = -math.inf
@@ -334,7 +354,7 @@ class ShardCore:
                 self._leases.start_grace(now + grace, self.owned_semaphores())
             for source in members:
                 if source != me:
-                    self._awaiting[source] = (None, now + self._pull_timeout)
+                    self._awaiting[source] = (None, now + self._pull_retry)
                     self._send(source, Pull())
         else:
             for source in sorted(gone):
@@ -344,6 +364,7 @@ class ShardCore:
         for source in sorted(self._deferred_pulls & set(members)):
             self._deferred_pulls.discard(source)
             self._answer_pull(source)
+        self._push_stranded()
         # Peers this node no longer serves: a request waiting on one must answer, not wait.
         for peer_id in self._peers.peer_ids():
             if self.home_of(peer_id) != me:
@@ -384,7 +405,7 @@ class ShardCore:
         if self._due:
             deadlines.append(self._next_retry)
         deadlines.extend(deadline for _, deadline in self._awaiting.values())
-        if self._needs_audit():
+        if (self._needs_audit() or self._stranded) and not self._awaiting:
             deadlines.append(max(self._next_audit, self._ring_changed_at + self._settle))
         known = [d for d in deadlines if d is not None]
         return min(known) if known else None
@@ -398,18 +419,25 @@ class ShardCore:
             self._peer_gone(peer_id, locks, expired=True)
         self._leases.end_grace(now)
         self._deliver_grants()
-        for source, (old, deadline) in list(self._awaiting.items()):
-            if now >= deadline:
-                del self._awaiting[source]
-                self._take_over(source, old, now)
-                self._replay_held_back()
+        for source, (old, due) in list(self._awaiting.items()):
+            if now >= due:
+                # The pull or its answer may be lost, or the member has not seen this node yet
+                # (it answers once it has). Taking its share from a replica instead would make
+                # two nodes serve it; only a member that is gone leaves its share to a replica.
+                self._awaiting[source] = (old, now + self._pull_retry)
+                self._send(source, Pull())
         if self._due and now >= self._next_retry:
-            for peer_id, name in [key for key, due in self._due.items() if now >= due]:
-                self._tell_owner(peer_id, name, now)
+            for (peer_id, name), (_, owner) in [
+                item for item in self._due.items() if now >= item[1][0]
+            ]:
+                self._tell_owner(peer_id, name, now, owner)
             self._next_retry = now + RETRY_INTERVAL
-        if self._needs_audit() and now >= self._next_audit and self._settled(now):
-            self._audit()
-            self._next_audit = now + AUDIT_INTERVAL
+        if (self._needs_audit() or self._stranded) and now >= self._next_audit:
+            if self._settled(now):
+                self._audit()
+                if self._stranded:
+                    self._push_stranded()
+                self._next_audit = now + AUDIT_INTERVAL
         self._drain_local()
         return [peer_id for peer_id, _ in expired]
 
@@ -432,9 +460,12 @@ class ShardCore:
 
     # -- internals: home ---------------------------------------------------------------------
 
-    def _tell_owner(self, peer_id: int, semaphore: str, now: float) -> None:
-        """Send the lock as it stands to its owner: a request while it waits, a restore while it
-        is held. Until the owner answers, it goes again every `RETRY_INTERVAL`."""
+    def _tell_owner(
+        self, peer_id: int, semaphore: str, now: float, owner: str | None = None
+    ) -> None:
+        """Send the lock as it stands to its owner (by this node's view, unless `owner` says): a
+        request while it waits, a restore while it is held. Until an owner answers, it goes
+        again every `RETRY_INTERVAL`."""
         key = (peer_id, semaphore)
         pending = self._peers.pending(peer_id)
         ticket = self._tickets.get(key)
@@ -450,8 +481,8 @@ class ShardCore:
             message = LockRestore(peer_id, semaphore, count, ticket)
         if not self._due:
             self._next_retry = now + RETRY_INTERVAL
-        self._due[key] = now + RETRY_INTERVAL
-        self._send(self.owner_of(semaphore), message)
+        self._due[key] = (now + RETRY_INTERVAL, owner)
+        self._send(owner or self.owner_of(semaphore), message)
 
     def _peer_gone(self, peer_id: int, locks: list[str], expired: bool) -> None:
         self._events.append(PeerRemoved(peer_id, expired))
@@ -465,11 +496,18 @@ class ShardCore:
         if tell_owner and ticket is not None:
             self._send(self.owner_of(semaphore), LockRelease(peer_id, semaphore, ticket))
 
-    def _reassert(self, peer_ids: Iterable[int], which: Callable[[str], bool], now: float) -> None:
-        """Tell owners again about the locks of `peer_ids` on semaphores `which` says."""
+    def _reassert(
+        self,
+        peer_ids: Iterable[int],
+        which: Callable[[str], bool],
+        now: float,
+        owner: str | None = None,
+    ) -> None:
+        """Tell owners (or `owner`) again about the locks of `peer_ids` on semaphores `which`
+        says."""
         for peer_id, name, _, _ in list(self._peers.locks(iter(list(peer_ids)))):
             if which(name) and self.home_of(peer_id) == self.node_id:
-                self._tell_owner(peer_id, name, now)
+                self._tell_owner(peer_id, name, now, owner)
 
     def _as_home(self, sender: str, message: LockAnswer | LockRefused) -> None:
         peer_id, name = message.peer_id, message.semaphore
@@ -482,12 +520,17 @@ class ShardCore:
                 self._send(sender, LockRelease(peer_id, name, message.ticket))
             return
         if isinstance(message, LockRefused):
-            return  # the owner is another node in its view; `_due` sends it again later
+            # Another node owns it in the sender's view: send it again later, to the owner in
+            # this node's view then.
+            due = self._due.get((peer_id, name))
+            if due is not None:
+                self._due[peer_id, name] = (due[0], None)
+            return
         pending = self._peers.pending(peer_id)
         waiting = pending is not None and pending[0] == name
         if not message.granted:
             if waiting:
-                self._due[peer_id, name] = self._now + QUEUED_RECHECK
+                self._due[peer_id, name] = (self._now + QUEUED_RECHECK, None)
                 self._events.append(LockQueued(peer_id, name))
             return
         self._due.pop((peer_id, name), None)
@@ -547,7 +590,7 @@ class ShardCore:
         return any(self._leases.in_use(name) for name in self._config)
 
     def _settled(self, now: float) -> bool:
-        return not self._awaiting and now - self._ring_changed_at >= self._settle
+        return not self._awaiting and now >= self._ring_changed_at + self._settle
 
     def _audit(self) -> None:
         asks: dict[str, Audit] = {}
@@ -587,32 +630,63 @@ class ShardCore:
         if gained or loaded:
             self.takeovers += 1
         self._reassert(loaded, lambda name: True, now)
+        if gained:
+            for member in self._ring.members - {me}:
+                self._send(member, Reassert(gained))
 
     def _answer_pull(self, sender: str) -> None:
         if self._ring is None or sender not in self._ring.members:
             self._deferred_pulls.add(sender)
             return
-        peers = self._peers.take(lambda peer_id: self.home_of(peer_id) == sender, self._now)
-        for record in peers:
+        names = [n for n in self._config if self.owner_of(n) == sender]
+        # The puller may have restarted before this node noticed, and lost what its semaphores
+        # held: tell it of this node's peers' locks on them first, so it counts them before it
+        # serves (it holds them back until the handoff has arrived).
+        self._reassert(self._peers.peer_ids(), set(names).__contains__, self._now)
+        self._hand_off(sender, lambda peer_id: self.home_of(peer_id) == sender, names)
+
+    def _push_stranded(self) -> None:
+        """Send what this node holds but does not own to its owners. A pull usually fetches it;
+        this covers state left behind when the node it was meant for went away first, and state
+        pushed here by a node whose view of the members differed."""
+        me = self.node_id
+        homes = {self.home_of(peer_id) for peer_id in self._peers.peer_ids()} - {me}
+        owners: dict[str, list[str]] = {}
+        for name in self._config:
+            owner = self.owner_of(name)
+            if owner != me and self._leases.in_use(name):
+                owners.setdefault(owner, []).append(name)
+        for node_id in sorted(homes | set(owners)):
+            if node_id is not None:
+                self._hand_off(
+                    node_id,
+                    lambda peer_id, node_id=node_id: self.home_of(peer_id) == node_id,
+                    owners.get(node_id, []),
+                )
+        self._stranded = False
+
+    def _hand_off(self, node_id: str, peers: Callable[[int], bool], names: list[str]) -> None:
+        """Move the peers chosen by `peers` and the semaphores `names` to `node_id`."""
+        records = self._peers.take(peers, self._now)
+        for record in records:
             for name in [*record.held, record.pending_semaphore]:
                 if name is not None:
                     self._forget_lock(record.peer_id, name, tell_owner=False)
             self._events.append(PeerMoved(record.peer_id))
-        names = [n for n in self._config if self.owner_of(n) == sender]
         semaphores = self._leases.snapshot(names)
         self._leases.drop(names)
-        self._send(sender, Handoff(peers, semaphores))
+        self._send(node_id, Handoff(records, semaphores))
 
     def _take_handoff(self, sender: str, handoff: Handoff) -> None:
-        # A handoff that comes after its pull timed out still merges: what this node took from
-        # the replica meanwhile stays, and the owners' audits drop what nobody wants.
+        """Take on what another node handed over: all of it, even what this node does not own
+        in its view (views may differ for a moment; `_push_stranded` sends that on)."""
         self._awaiting.pop(sender, None)
-        now, me = self._now, self.node_id
-        peers = [r for r in handoff.peers if self.home_of(r.peer_id) == me]
-        loaded = self._peers.load(peers, now)
-        owned = [r.name for r in handoff.semaphores if self.owner_of(r.name) == me]
-        self._leases.merge(handoff.semaphores, now, self._epoch, owned)
+        now = self._now
+        loaded = self._peers.load(handoff.peers, now)
+        names = [r.name for r in handoff.semaphores if r.name in self._config]
+        self._leases.merge(handoff.semaphores, now, self._epoch, names)
         self._reassert(loaded, lambda name: True, now)
+        self._stranded = True
         self._replay_held_back()
 
     def _replay_held_back(self) -> None:
@@ -630,8 +704,12 @@ class ShardCore:
                 self._as_home(sender, message)
             case Audit():
                 self._answer_audit(sender, message)
+            case Reassert(names):
+                self._reassert(self._peers.peer_ids(), set(names).__contains__, self._now, sender)
             case Pull():
                 self._answer_pull(sender)
+            case Handoff() if self._ring is None:
+                self._held_back.append((sender, message))
             case Handoff():
                 self._take_handoff(sender, message)
 
@@ -663,6 +741,7 @@ __all__ = [
     "PeerMoved",
     "PeerRemoved",
     "Pull",
+    "Reassert",
     "ShardCore",
     "UnknownPeer",
 ]

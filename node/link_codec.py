@@ -27,6 +27,7 @@ from sluicegate.cluster.shard import (
     LockRequest,
     LockRestore,
     Pull,
+    Reassert,
 )
 
 from .links import HANDSHAKE_MESSAGES
@@ -61,6 +62,7 @@ LINK_CODEC = Codec(
         28: Audit,
         29: Pull,
         30: Handoff,
+        31: Reassert,
         **HANDSHAKE_MESSAGES,
     }
 )

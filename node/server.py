@@ -24,6 +24,7 @@ from sluicegate.cluster.shard import (
     LockRequest,
     LockRestore,
     Pull,
+    Reassert,
     ShardCore,
 )
 
@@ -41,8 +42,8 @@ log = logging.getLogger("sluicegate.node")
 
 # Long polls are answered at shutdown, so in-flight requests finish quickly; this bounds the rest.
 GRACEFUL_TIMEOUT = 0.5
-# A joining node waits this long for a member's handoff, then takes over from its replica.
-PULL_TIMEOUT = 5.0
+# A joining node sends its pull again if no handoff came this long after it sent it.
+PULL_RETRY = 1.0
 # What node links carry to the semaphore actor.
 SHARD_MESSAGES = (
     Replica,
@@ -52,6 +53,7 @@ SHARD_MESSAGES = (
     LockAnswer,
     LockRefused,
     Audit,
+    Reassert,
     Pull,
     Handoff,
 )
@@ -172,7 +174,7 @@ async def join_cluster(
         settle=cluster.down_after,
         takeover_grace=cluster.takeover_grace,
         cold_start_grace=cluster.cold_start_grace,
-        pull_timeout=PULL_TIMEOUT,
+        pull_retry=PULL_RETRY,
     )
     shard_actor = SemaphoreActor(core, rng=rng, send=links.send)
     semaphores = ClusterSemaphores(

@@ -14,7 +14,7 @@ from sluicegate.cluster.shard import ShardCore
 
 SETTLE = 1.0
 TAKEOVER_GRACE = 3.0
-PULL_TIMEOUT = 5.0
+PULL_RETRY = 1.0
 
 
 class ShardNetwork:
@@ -25,6 +25,7 @@ class ShardNetwork:
         self.epoch = 1000
         self.nodes: dict[str, ShardCore] = {}
         self.generations: dict[str, int] = {}
+        self.generation_count = 0
         self.queues: dict[tuple[str, str], deque] = {}
         self.events: dict[str, list] = {}
         for node_id in node_ids:
@@ -34,7 +35,8 @@ class ShardNetwork:
 
     def start(self, node_id: str) -> ShardCore:
         """A node (re)starts empty, with a new generation."""
-        self.generations[node_id] = self.generations.get(node_id, 0) + 1
+        self.generation_count += 1  # like the wall clock a real node uses: never repeats
+        self.generations[node_id] = self.generation_count
         self.epoch += 1
         self.nodes[node_id] = ShardCore(
             node_id,
@@ -44,7 +46,7 @@ class ShardNetwork:
             settle=SETTLE,
             takeover_grace=TAKEOVER_GRACE,
             cold_start_grace=0.0,
-            pull_timeout=PULL_TIMEOUT,
+            pull_retry=PULL_RETRY,
         )
         self.events[node_id] = []
         for pair in list(self.queues):
@@ -104,7 +106,7 @@ class ShardNetwork:
     def advance(self, seconds: float) -> None:
         """Move the clock, waking every node at each of its deadlines on the way."""
         end = self.now + seconds
-        while True:
+        for _ in range(100_000):
             deadlines = [
                 d for n in self.nodes.values() if (d := n.next_deadline()) is not None and d <= end
             ]
@@ -115,6 +117,8 @@ class ShardNetwork:
             self.deliver_all()
             if not deadlines:
                 return
+        stuck = {node_id: node.next_deadline() for node_id, node in self.nodes.items()}
+        raise AssertionError(f"a deadline that does not move (a busy actor): {stuck} at {self.now}")
 
     def home(self, peer_id: int) -> ShardCore:
         return self.nodes[next(iter(self.nodes.values())).home_of(peer_id)]

@@ -17,7 +17,7 @@ from sluicegate.cluster.errors import NotServing, SemaphoreError, UnknownPeer
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
 from sluicegate.cluster.shard import QUEUED_RECHECK, LockQueued, LockRelease, LockRequest
 
-from .shard_network import PULL_TIMEOUT, SETTLE, TAKEOVER_GRACE, ShardNetwork
+from .shard_network import PULL_RETRY, SETTLE, TAKEOVER_GRACE, ShardNetwork
 
 CONFIG = {
     "A": SemaphoreConfig(3, level=0),
@@ -177,6 +177,7 @@ def test_a_restore_refused_by_an_owner_that_has_not_seen_the_change_yet_is_sent_
     net.change_members(only=[home_id])
     net.deliver_all()  # the re-asserted restore reaches a node that does not own D yet
     net.change_members(only=[successor_id])
+    net.queues.pop((successor_id, home_id))  # its call for re-assertions is lost, too
     net.deliver_all()
     successor = net.nodes[successor_id]
     assert successor is net.owner("D")
@@ -236,17 +237,50 @@ def test_a_node_that_joins_pulls_its_share_before_serving_it():
         assert net.acquire(fresh, "A") is False or net.token(fresh, "A") > max(tokens.values())
 
 
-def test_a_handoff_that_never_comes_falls_back_to_the_replica():
+def test_a_lost_pull_is_sent_again():
     net = ShardNetwork(CONFIG, ["n1", "n2"])
     net.start("n3")
     net.change_members()
-    net.queues.pop(("n1", "n3"), None)
-    net.queues.pop(("n3", "n1"), None)  # the pull to n1 is lost
+    net.queues.pop(("n3", "n1"))  # n1 holds nothing of n3's, so only the pull gets an answer
     net.deliver_all()
     assert net.nodes["n3"].waiting_for_handoff() == ["n1"]
-    net.advance(PULL_TIMEOUT + 0.1)
+    net.advance(PULL_RETRY + 0.1)
     assert net.nodes["n3"].waiting_for_handoff() == []
-    net.new_peer("n3")
+
+
+def test_state_left_behind_for_a_node_that_died_moves_on_to_the_next_owner():
+    net = ShardNetwork(CONFIG, ["n1", "n2"])
+    peers = [net.new_peer("n1") for _ in range(30)]
+    net.start("n3")
+    net.change_members(only=["n3"])
+    net.deliver_all()  # n1 and n2 hold n3's pulls back: n3 is no member of theirs yet
+    net.kill("n3")
+    net.change_members()
+    net.deliver_all()
+    net.start("n4")
+    net.change_members()
+    net.deliver_all()
+    for peer in peers:
+        assert net.home(peer).has_peer(peer)
+        assert sum(node.has_peer(peer) for node in net.nodes.values()) == 1
+
+
+def test_a_member_that_dies_before_it_answers_leaves_its_share_to_its_replica():
+    net = ShardNetwork(CONFIG, ["n1", "n2"])
+    peers = [net.new_peer("n1") for _ in range(30)]
+    net.start("n3")
+    net.send_replicas()
+    net.change_members()
+    net.queues.pop(("n3", "n1"))  # the pull is lost,
+    net.queues.pop(("n1", "n3"))  # and so is what n1 sent of its own accord
+    net.deliver_all()
+    assert net.nodes["n3"].waiting_for_handoff() == ["n1"]
+    net.kill("n1")
+    net.change_members()
+    net.deliver_all()
+    assert net.nodes["n3"].waiting_for_handoff() == []
+    for peer in peers:
+        assert net.home(peer).has_peer(peer)
 
 
 def test_a_node_restarted_before_anyone_noticed_is_rebuilt_by_the_homes():
