@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .errors import (
@@ -225,7 +225,9 @@ class PeerTable:
 
     # -- replicas ----------------------------------------------------------------------------
 
-    def snapshot(self, now: float) -> list[PeerRecord]:
+    def snapshot(self, now: float, peer_ids: Iterable[int] | None = None) -> list[PeerRecord]:
+        """Records of the peers `peer_ids` (default: all), with lifetimes remaining from `now`."""
+        chosen = self._peers if peer_ids is None else peer_ids
         return [
             PeerRecord(
                 peer_id,
@@ -234,7 +236,7 @@ class PeerTable:
                 peer.pending[0] if peer.pending else None,
                 peer.pending[1] if peer.pending else 0,
             )
-            for peer_id, peer in self._peers.items()
+            for peer_id, peer in ((p, self._peers[p]) for p in chosen)
         ]
 
     def load(self, records: list[PeerRecord], now: float) -> list[int]:

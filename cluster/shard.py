@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from .errors import NotServing, UnknownPeer
 from .peers import AskOwner, PeerRecord, PeerRemoved, PeerTable
+from .replication import PART_RECORDS, ReplicaDelta, ReplicaFeed, ReplicaResync, ReplicaStore
 from .ring import Ring, peer_key, semaphore_key
 from .semaphore_leases import (
     LockGranted,
@@ -135,11 +136,12 @@ class Pull:
 
 @dataclass(frozen=True, slots=True)
 class Handoff:
-    """The answer to `Pull`: the state the sender held for keys the receiver owns; the sender
-    has dropped it."""
+    """The answer to `Pull`, in one or more parts: the state the sender held for keys the
+    receiver owns; the sender has dropped it."""
 
     peers: list[PeerRecord]
     semaphores: list[SemaphoreRecord]
+    last: bool
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ Message = (
     | Reassert
     | Pull
     | Handoff
+    | ReplicaDelta
+    | ReplicaResync
 )
 
 
@@ -202,8 +206,9 @@ class ShardCore:
         self._awaiting: dict[str, tuple[Ring | None, float]] = {}
         # Pulls from nodes this node does not count as members yet; answered once it does.
         self._deferred_pulls: set[str] = set()
-        # The latest replica of each member, and when it arrived.
-        self._replicas: dict[str, tuple[Replica, float]] = {}
+        # This node's share as streamed to the others, and theirs as received.
+        self._feed = ReplicaFeed()
+        self._replicas: dict[str, ReplicaStore] = {}
         # Owner messages for semaphores whose state is on its way here, applied once it came.
         self._held_back: list[tuple[str, Message]] = []
         # Home: the ticket of each lock of its peers, the token of each held one, and when to
@@ -256,11 +261,14 @@ class ShardCore:
     def new_peer(self, expires_at: float, rng: random.Random) -> int:
         if self._ring is None or any(old is None for old, _ in self._awaiting.values()):
             raise NotServing(f"{self.node_id} is still taking over its share")
-        return self._peers.new_peer(expires_at, rng, homed_here=self.serves_peer)
+        peer_id = self._peers.new_peer(expires_at, rng, homed_here=self.serves_peer)
+        self._feed.peer_changed(peer_id)
+        return peer_id
 
     def heartbeat(self, peer_id: int, expires_at: float) -> None:
         self._check_home(peer_id)
         self._peers.heartbeat(peer_id, expires_at)
+        self._feed.peer_changed(peer_id)
 
     def release_peer(self, peer_id: int) -> bool:
         self._check_home(peer_id)
@@ -293,6 +301,7 @@ class ShardCore:
         None if its owner is another node, whose answer comes later as an event."""
         self._check_home(peer_id)
         self._now = now
+        self._feed.peer_changed(peer_id)
         decision = self._peers.acquire(peer_id, semaphore, count, now, expires_in)
         if not isinstance(decision, AskOwner):
             return decision
@@ -309,6 +318,7 @@ class ShardCore:
     def release_lock(self, peer_id: int, semaphore: str) -> None:
         self._check_home(peer_id)
         if self._peers.release_lock(peer_id, semaphore):
+            self._feed.peer_changed(peer_id)
             self._forget_lock(peer_id, semaphore, tell_owner=True)
             self._drain_local()
 
@@ -323,6 +333,7 @@ class ShardCore:
     def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> None:
         self._check_home(peer_id)
         if self._peers.restore(peer_id, acquired, expires_at):
+            self._feed.peer_changed(peer_id)
             for name in acquired:
                 self._tickets[peer_id, name] = self._rng.getrandbits(63)
                 self._tell_owner(peer_id, name, self._now)
@@ -346,6 +357,8 @@ class ShardCore:
         restarted = {m for m, g in members.items() if old_generations.get(m, g) != g}
         gone = (set(old_generations) - set(members)) | restarted
         gone.discard(me)
+        for member in gone:
+            self._feed.restart(member)  # a new stream if it comes back
 
         if old is None or me not in old.members:
             # Joining (or back after a restart): everything this node owns is somewhere else.
@@ -374,7 +387,12 @@ class ShardCore:
             owner = self.owner_of(name)
             return old is None or old.owner(semaphore_key(name)) != owner or owner in restarted
 
-        self._reassert(self._peers.peer_ids(), owner_changed, now)
+        def untold(peer_id: int, name: str) -> bool:
+            # A lock of a peer that came here while another node was its home in this node's
+            # view: no owner has heard of it from here yet.
+            return (peer_id, name) not in self._tickets
+
+        self._reassert(self._peers.peer_ids(), owner_changed, now, untold=untold)
         self._replay_held_back()
         self._drain_local()
 
@@ -383,9 +401,6 @@ class ShardCore:
     def on_message(self, sender: str, message: Message | Replica, now: float) -> None:
         """A message from node `sender` arrived."""
         self._now = now
-        if isinstance(message, Replica):
-            self._replicas[sender] = (message, now)
-            return
         self._receive(sender, message)
         self._drain_local()
 
@@ -444,9 +459,33 @@ class ShardCore:
     # -- replicas and observation -------------------------------------------------------------
 
     def replica(self, now: float) -> Replica:
+        """All of this node's share (and anything it holds for others)."""
         me = self.node_id
         names = [n for n in self._config if self._leases.in_use(n) or self.owner_of(n) == me]
         return Replica(self._peers.snapshot(now), self._leases.snapshot(names))
+
+    def replicate(self, now: float) -> None:
+        """Stream what changed since the last call to every other member (see
+        `cluster/replication.py`); a member new to the stream gets a whole copy."""
+        if self._ring is None:
+            return
+        changed, removed, semaphores = self._feed.take_changes()
+        present = [p for p in changed if self._peers.has_peer(p)]
+        delta = (
+            self._peers.snapshot(now, present),
+            sorted(removed | (changed - set(present))),
+            self._leases.snapshot(sorted(semaphores)),
+        )
+        copy = None
+        for member in sorted(self._ring.members - {self.node_id}):
+            if self._feed.needs_copy(member):
+                if copy is None:
+                    copy = self.replica(now)
+                parts = self._feed.deltas(member, copy.peers, [], copy.semaphores)
+            else:
+                parts = self._feed.deltas(member, *delta)
+            for part in parts:
+                self._send(member, part)
 
     def stats(self, now: float) -> list[SemaphoreStats]:
         return self._leases.stats(now, [n for n in self._config if self.serves_semaphore(n)])
@@ -486,6 +525,7 @@ class ShardCore:
 
     def _peer_gone(self, peer_id: int, locks: list[str], expired: bool) -> None:
         self._events.append(PeerRemoved(peer_id, expired))
+        self._feed.peer_removed(peer_id)
         for name in locks:
             self._forget_lock(peer_id, name, tell_owner=True)
 
@@ -502,11 +542,12 @@ class ShardCore:
         which: Callable[[str], bool],
         now: float,
         owner: str | None = None,
+        untold: Callable[[int, str], bool] = lambda peer_id, name: False,
     ) -> None:
         """Tell owners (or `owner`) again about the locks of `peer_ids` on semaphores `which`
-        says."""
+        says (and about those `untold` says)."""
         for peer_id, name, _, _ in list(self._peers.locks(iter(list(peer_ids)))):
-            if which(name) and self.home_of(peer_id) == self.node_id:
+            if (which(name) or untold(peer_id, name)) and self.home_of(peer_id) == self.node_id:
                 self._tell_owner(peer_id, name, now, owner)
 
     def _as_home(self, sender: str, message: LockAnswer | LockRefused) -> None:
@@ -536,6 +577,7 @@ class ShardCore:
         self._due.pop((peer_id, name), None)
         self._tokens[peer_id, name] = message.token
         if waiting and self._peers.granted(peer_id, name, pending[1]):
+            self._feed.peer_changed(peer_id)
             self._events.append(LockGranted(peer_id, name, pending[1]))
 
     def _answer_audit(self, sender: str, audit: Audit) -> None:
@@ -564,6 +606,7 @@ class ShardCore:
             self._held_back.append((sender, message))
             return
         peer_id = message.peer_id
+        self._feed.semaphores_changed([name])
         if isinstance(message, LockRelease):
             self._leases.release(peer_id, name, message.ticket)
         else:
@@ -580,6 +623,7 @@ class ShardCore:
 
     def _deliver_grants(self) -> None:
         for grant in self._leases.events():
+            self._feed.semaphores_changed([grant.semaphore])
             ticket = self._leases.ticket(grant.peer_id, grant.semaphore)
             token = self._leases.token(grant.peer_id, grant.semaphore)
             home = self.home_of(grant.peer_id)
@@ -617,14 +661,18 @@ class ShardCore:
             return old is None or old.owner(key) == source
 
         gained = [n for n in self.owned_semaphores() if was_theirs(semaphore_key(n))]
-        replica, received_at = self._replicas.pop(source, (Replica([], []), now))
-        peers = [
-            r
-            for r in replica.peers
-            if was_theirs(peer_key(r.peer_id)) and self.home_of(r.peer_id) == me
-        ]
-        loaded = self._peers.load(peers, received_at)
-        self._leases.merge(replica.semaphores, now, self._epoch, gained)
+        store = self._replicas.pop(source, None)
+        replica = store.replica(now) if store is not None else Replica([], [])
+        # Every peer the departed member held, also those another member is home of now: that
+        # one may have no replica (it joined moments ago, or the views differed), and
+        # `_push_stranded` sends them on. Semaphores are rebuilt by their homes if need be.
+        loaded = self._peers.load(replica.peers, now)
+        for peer_id in loaded:
+            self._feed.peer_changed(peer_id)
+        theirs = [n for n in self._config if was_theirs(semaphore_key(n))]
+        self._leases.merge(replica.semaphores, now, self._epoch, theirs)
+        self._feed.semaphores_changed(theirs)
+        self._stranded = True
         if self._takeover_grace > 0:
             self._leases.start_grace(now + self._takeover_grace, gained)
         if gained or loaded:
@@ -672,19 +720,29 @@ class ShardCore:
             for name in [*record.held, record.pending_semaphore]:
                 if name is not None:
                     self._forget_lock(record.peer_id, name, tell_owner=False)
+            self._feed.peer_removed(record.peer_id)
             self._events.append(PeerMoved(record.peer_id))
         semaphores = self._leases.snapshot(names)
         self._leases.drop(names)
-        self._send(node_id, Handoff(records, semaphores))
+        self._feed.semaphores_changed(names)
+        # In parts, so that none comes near the link's frame limit.
+        for start in range(0, max(len(records), 1), PART_RECORDS):
+            last = start + PART_RECORDS >= len(records)
+            part = records[start : start + PART_RECORDS]
+            self._send(node_id, Handoff(part, semaphores if last else [], last))
 
     def _take_handoff(self, sender: str, handoff: Handoff) -> None:
         """Take on what another node handed over: all of it, even what this node does not own
         in its view (views may differ for a moment; `_push_stranded` sends that on)."""
-        self._awaiting.pop(sender, None)
+        if handoff.last:
+            self._awaiting.pop(sender, None)
         now = self._now
         loaded = self._peers.load(handoff.peers, now)
+        for peer_id in loaded:
+            self._feed.peer_changed(peer_id)
         names = [r.name for r in handoff.semaphores if r.name in self._config]
         self._leases.merge(handoff.semaphores, now, self._epoch, names)
+        self._feed.semaphores_changed(names)
         self._reassert(loaded, lambda name: True, now)
         self._stranded = True
         self._replay_held_back()
@@ -708,6 +766,12 @@ class ShardCore:
                 self._reassert(self._peers.peer_ids(), set(names).__contains__, self._now, sender)
             case Pull():
                 self._answer_pull(sender)
+            case ReplicaDelta():
+                store = self._replicas.setdefault(sender, ReplicaStore())
+                if not store.apply(message, self._now):
+                    self._send(sender, ReplicaResync())
+            case ReplicaResync():
+                self._feed.restart(sender)
             case Handoff() if self._ring is None:
                 self._held_back.append((sender, message))
             case Handoff():

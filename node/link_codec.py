@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sluicegate.cluster.membership import Gossip, MemberState
 from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
 from sluicegate.cluster.semaphore_leases import SemaphoreRecord
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
@@ -17,7 +18,6 @@ from sluicegate.cluster.semaphore_ops import (
     Remainder,
     Restore,
 )
-from sluicegate.cluster.semaphores import Replica
 from sluicegate.cluster.shard import (
     Audit,
     Handoff,
@@ -51,7 +51,7 @@ LINK_CODEC = Codec(
         17: Restore,
         18: ListPeers,
         19: AcquireOutcome,
-        20: Replica,
+        # 20: retired (whole-state replicas of the interim single authority)
         21: PeerRecord,
         22: SemaphoreRecord,
         23: LockRequest,
@@ -63,6 +63,8 @@ LINK_CODEC = Codec(
         29: Pull,
         30: Handoff,
         31: Reassert,
+        32: ReplicaDelta,
+        33: ReplicaResync,
         **HANDSHAKE_MESSAGES,
     }
 )

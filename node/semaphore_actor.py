@@ -25,13 +25,7 @@ import trio
 
 from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
 from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
-from sluicegate.cluster.semaphores import (
-    LockGranted,
-    PeerRemoved,
-    Replica,
-    SemaphoreCore,
-    SemaphoreStats,
-)
+from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
 from sluicegate.cluster.shard import LockQueued, PeerMoved, ShardCore
 
 log = logging.getLogger("sluicegate.semaphores")
@@ -87,12 +81,11 @@ class _MembersChanged:
         self.done = trio.Event()
 
 
-class _Replica:
-    """Control message: a replica of the core, for the node that would take over."""
+class _Replicate:
+    """Control message: stream what changed to the other members (cluster only)."""
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.result = None
 
 
 class _Stats:
@@ -119,8 +112,6 @@ class SemaphoreActor:
         self._park_deadlines: list[tuple[float, int, _Request]] = []
         self._sequence = itertools.count()
         self._blocking = True
-        # Grows with every request applied and every expiry: has the state changed since?
-        self.changes = 0
 
     async def call(self, op: Operation) -> object:
         """Apply `op` in the actor and return its answer, raising its `SemaphoreError`."""
@@ -147,12 +138,12 @@ class SemaphoreActor:
         await self._send.send(message)
         await message.done.wait()
 
-    async def replica(self):
-        """A replica of the current state (`SemaphoreCore.replica`)."""
-        message = _Replica()
+    async def replicate(self) -> None:
+        """Stream what changed to the other members (`ShardCore.replicate`); returns once the
+        messages are queued on the links."""
+        message = _Replicate()
         await self._send.send(message)
         await message.done.wait()
-        return message.result
 
     async def stop_blocking(self) -> None:
         message = _StopBlocking()
@@ -192,9 +183,7 @@ class SemaphoreActor:
             self._expire(now)
             for message in batch:
                 self._handle(message, now)
-            if self._send_out is not None:
-                for node_id, message in self._core.outbox():
-                    self._send_out(node_id, message)
+            self._flush_outbox()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -210,9 +199,8 @@ class SemaphoreActor:
     def _expire(self, now: float) -> None:
         expired = self._core.expire(now)
         if expired:
-            self.changes += 1
             log.warning("Removed %d peers due to expiration.", len(expired))
-            self._dispatch_events()
+        self._dispatch_events()
         deadlines = self._park_deadlines
         while deadlines and deadlines[0][0] <= now:
             _, _, request = heapq.heappop(deadlines)
@@ -223,25 +211,25 @@ class SemaphoreActor:
 
     def _handle(
         self,
-        message: _Request | _Delivered | _MembersChanged | _StopBlocking | _Replica | _Stats,
+        message: _Request | _Delivered | _MembersChanged | _StopBlocking | _Replicate | _Stats,
         now: float,
     ) -> None:
         if isinstance(message, _Delivered):
-            if not isinstance(message.message, Replica):
-                self.changes += 1  # another node's replica changes nothing of this node's
             self._core.on_message(message.sender, message.message, now)
             self._dispatch_events()
             return
         if isinstance(message, _MembersChanged):
-            self.changes += 1
             self._core.change_members(message.members, now, message.epoch, message.cold)
             self._dispatch_events()
             message.done.set()
             return
-        if isinstance(message, _Stats | _Replica):
-            message.result = (
-                self._core.stats(now) if isinstance(message, _Stats) else self._core.replica(now)
-            )
+        if isinstance(message, _Stats):
+            message.result = self._core.stats(now)
+            message.done.set()
+            return
+        if isinstance(message, _Replicate):
+            self._core.replicate(now)
+            self._flush_outbox()
             message.done.set()
             return
         if isinstance(message, _StopBlocking):
@@ -249,7 +237,6 @@ class SemaphoreActor:
             self._answer_all_parked()
             message.done.set()
             return
-        self.changes += 1
         op = message.op
         try:
             result = apply(self._core, op, now, self._rng)
@@ -277,6 +264,11 @@ class SemaphoreActor:
     def _park(self, request: _Request, deadline: float) -> None:
         self._parked.setdefault(request.op.peer_id, []).append(request)
         heapq.heappush(self._park_deadlines, (deadline, next(self._sequence), request))
+
+    def _flush_outbox(self) -> None:
+        if self._send_out is not None:
+            for node_id, message in self._core.outbox():
+                self._send_out(node_id, message)
 
     def _dispatch_events(self) -> None:
         for event in self._core.events():

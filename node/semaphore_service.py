@@ -10,8 +10,8 @@
   unreachable, or its state is on the way), the answer is 503, which the stock client retries.
 
 This module also feeds the core what it needs from the node: the members (checked every
-`WATCH_INTERVAL`), and the replicas that the node sends every other member, at most every
-`REPLICATION_INTERVAL` and only after a change, plus a last one when it stops.
+`WATCH_INTERVAL`), and the moments to stream what changed in this node's share to the other
+members (every `REPLICATION_INTERVAL`, and once more when it stops; `cluster/replication.py`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ log = logging.getLogger("sluicegate.semaphores")
 FORWARD_TIMEOUT = 10.0
 # How often this node looks at the members for a change.
 WATCH_INTERVAL = 0.1
-# A node sends its replica at most this often (and only after a change).
+# A node streams what changed in its share to the other members this often.
 REPLICATION_INTERVAL = 0.2
 
 
@@ -184,28 +184,17 @@ class ClusterSemaphores:
             await trio.sleep(WATCH_INTERVAL)
 
     async def _replicate(self) -> None:
-        sent_at_change = -1
         while True:
             await trio.sleep(REPLICATION_INTERVAL)
-            if not self._members_known or self._actor.changes == sent_at_change:
-                continue
-            sent_at_change = self._actor.changes
-            await self._send_replica()
+            if self._members_known:
+                await self._actor.replicate()
 
     async def hand_over(self, timeout: float) -> None:
-        """Stopping: send a last replica (waiting at most `timeout` for it to leave), so the
-        successors miss nothing of the last moments."""
+        """Stopping: stream the last changes (waiting at most `timeout` for them to leave), so
+        the successors miss nothing of the last moments."""
         if self._members_known:
-            await self._send_replica()
+            await self._actor.replicate()
             await self._links.flush(timeout)
-
-    async def _send_replica(self) -> None:
-        replica = await self._actor.replica()
-        linked = self._links.status()
-        for node_id in self._membership.live_members():
-            # A replica is only worth its latest version: never queue one behind a down link.
-            if linked.get(node_id):
-                self._links.send(node_id, replica)
 
     def _cluster_was_running(self) -> bool:
         """Were other members up well before this node? Their gossip heartbeat counts say so

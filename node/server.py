@@ -14,7 +14,8 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from sluicegate.cluster.membership import Gossip, Membership
-from sluicegate.cluster.semaphores import Replica, SemaphoreCore
+from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
+from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import (
     Audit,
     Handoff,
@@ -46,7 +47,8 @@ GRACEFUL_TIMEOUT = 0.5
 PULL_RETRY = 1.0
 # What node links carry to the semaphore actor.
 SHARD_MESSAGES = (
-    Replica,
+    ReplicaDelta,
+    ReplicaResync,
     LockRequest,
     LockRestore,
     LockRelease,

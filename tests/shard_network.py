@@ -76,11 +76,10 @@ class ShardNetwork:
         self.events[node_id].extend(node.events())
 
     def send_replicas(self) -> None:
+        """Every node streams its replica to the others (the messages queue like any)."""
         for node_id, node in self.nodes.items():
-            replica = node.replica(self.now)
-            for other_id, other in self.nodes.items():
-                if other_id != node_id:
-                    other.on_message(node_id, replica, self.now)
+            node.replicate(self.now)
+            self.collect(node_id)
 
     def deliver_one(self, source: str, destination: str) -> bool:
         queue = self.queues.get((source, destination))

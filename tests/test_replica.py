@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluicegate.cluster.errors import SemaphoreError
+from sluicegate.cluster.replication import ReplicaDelta
 from sluicegate.cluster.semaphores import Replica, SemaphoreConfig, SemaphoreCore
 from sluicegate.node.link_codec import LINK_CODEC
 
@@ -77,8 +78,12 @@ def test_a_core_from_a_replica_behaves_like_the_original(seed, before, after):
         _, now = run(original, peers, op, now)
     original.events()
 
-    # Through the wire, as between nodes; the copy's clock is elsewhere (now + 1000).
-    [replica] = LINK_CODEC.decode(LINK_CODEC.encode([original.replica(now)]))
+    # Through the wire as a replica stream's first delta; the copy's clock is elsewhere.
+    state = original.replica(now)
+    [delta] = LINK_CODEC.decode(
+        LINK_CODEC.encode([ReplicaDelta(0, True, state.peers, [], state.semaphores)])
+    )
+    replica = Replica(delta.peers, delta.semaphores)
     copy = SemaphoreCore.from_replica(CONFIG, replica, now + 1000, epoch=0)
     tokens_before = {(p, n): original.fencing_token(p, n) for p in peers for n in NAMES}
 
@@ -104,5 +109,5 @@ def test_replicas_travel_between_nodes():
     core.acquire(holder, "C", 1, now=0)
     core.acquire(waiter, "C", 1, now=0)
     replica = core.replica(now=10)
-    assert isinstance(replica, Replica)
-    assert LINK_CODEC.decode(LINK_CODEC.encode([replica])) == [replica]
+    delta = ReplicaDelta(3, False, replica.peers, [holder], replica.semaphores)
+    assert LINK_CODEC.decode(LINK_CODEC.encode([delta])) == [delta]

@@ -28,11 +28,15 @@ SEEDS = 400
 STEPS = 250
 
 
-def held_by_homes(net: ShardNetwork) -> dict[str, int]:
+def held_by_homes(net: ShardNetwork, confirmed_only: bool = True) -> dict[str, int]:
+    """What the homes say their peers hold. A lock re-asserted after a takeover (from a replica
+    that may be stale, so perhaps released since) counts once its owner confirmed it; an owner
+    that confirms it beyond max counts a restore beyond max."""
     held = dict.fromkeys(CONFIG, 0)
     for node in net.nodes.values():
         for peer_id, name, count, waiting in node._peers.locks():
-            if not waiting and node.serves_peer(peer_id):
+            unconfirmed = (peer_id, name) in node._due
+            if not waiting and node.serves_peer(peer_id) and not (confirmed_only and unconfirmed):
                 held[name] += count
     return held
 
@@ -129,7 +133,7 @@ def replay(seed: int) -> None:
     for _ in range(6):
         net.send_replicas()
         net.advance(max(PULL_RETRY, TAKEOVER_GRACE, SETTLE) + 3)
-    held = held_by_homes(net)
+    held = held_by_homes(net, confirmed_only=False)
     for name, config in CONFIG.items():
         owner = net.owner(name)
         assert config.max - owner.remainder(name) == held[name], (seed, name)
