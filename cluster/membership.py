@@ -103,6 +103,15 @@ class Membership:
                 live[node_id] = entry.state.address
         return live
 
+    def known_members(self) -> set[str]:
+        """Every member that has not said goodbye, alive or silent, this node included unless it
+        left: the cluster whose majority decides who may serve (a member that dies for good keeps
+        counting until the cluster restarts)."""
+        known = {node_id for node_id, e in self._others.items() if not e.state.left}
+        if not self._me.left:
+            known.add(self.node_id)
+        return known
+
     def state_of(self, node_id: str) -> MemberState | None:
         if node_id == self.node_id:
             return self._me

@@ -61,6 +61,8 @@ RETRY_INTERVAL = 1.0
 QUEUED_RECHECK = 5.0
 # An owner asks homes whether they still want its locks this often (once members are settled).
 AUDIT_INTERVAL = 2.0
+# Owner messages kept for semaphores whose state is on its way here, at most.
+HELD_BACK_LIMIT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +229,7 @@ class ShardCore:
         self._local: deque[Message] = deque()
         self._events: list[Event] = []
         self.takeovers = 0
+        self.step_downs = 0
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -342,12 +345,22 @@ class ShardCore:
     # -- members -----------------------------------------------------------------------------
 
     def change_members(
-        self, members: Mapping[str, int], now: float, epoch: int, cold: bool = False
+        self,
+        members: Mapping[str, int],
+        now: float,
+        epoch: int,
+        cold: bool = False,
+        majority: bool = True,
     ) -> None:
         """The live members (id -> generation) changed. `epoch` (wall-clock ms now) lets
         fencing tokens of semaphores taken over continue above anything seen before; `cold`
-        says nobody was serving before (the first ring of a cluster starting together)."""
+        says nobody was serving before (the first ring of a cluster starting together);
+        `majority` says whether the live members are more than half of the members known."""
         self._now = now
+        if not majority:
+            if self._ring is not None:
+                self._step_down()
+            return
         old, old_generations = self._ring, self._generations
         new = Ring(members)
         self._ring, self._generations = new, dict(members)
@@ -497,6 +510,12 @@ class ShardCore:
     def waiting_for_handoff(self) -> list[str]:
         return sorted(self._awaiting)
 
+    @property
+    def serving(self) -> bool:
+        """Does this node serve its share (it knows the members, is in a majority, and has
+        pulled what it owns)?"""
+        return self._ring is not None and not self._awaiting
+
     # -- internals: home ---------------------------------------------------------------------
 
     def _tell_owner(
@@ -603,7 +622,9 @@ class ShardCore:
                 self._send(sender, LockRefused(message.peer_id, name, message.ticket))
             return
         if self._ring is None or not self.serves_semaphore(name):
-            self._held_back.append((sender, message))
+            # Bounded: a home sends its locks again until an owner answers.
+            if len(self._held_back) < HELD_BACK_LIMIT:
+                self._held_back.append((sender, message))
             return
         peer_id = message.peer_id
         self._feed.semaphores_changed([name])
@@ -746,6 +767,27 @@ class ShardCore:
         self._reassert(loaded, lambda name: True, now)
         self._stranded = True
         self._replay_held_back()
+
+    def _step_down(self) -> None:
+        """This node sees no majority of the members it knows, so the others may take its share
+        over by now (after `down_after`, and they grant nothing new before their grace ends).
+        It forgets everything (the majority has the replicas) and serves nothing; once it sees
+        a majority again, it rejoins like a new node and pulls its share. Fencing token counters
+        and counted restores stay."""
+        for record in self._peers.take(lambda peer_id: True, self._now):
+            self._events.append(PeerMoved(record.peer_id))
+        self._leases.drop(list(self._config))
+        self._ring, self._generations = None, {}
+        self._awaiting.clear()
+        self._deferred_pulls.clear()
+        self._held_back.clear()
+        self._replicas.clear()
+        self._tickets.clear()
+        self._tokens.clear()
+        self._due.clear()
+        self._feed = ReplicaFeed()
+        self._stranded = False
+        self.step_downs += 1
 
     def _replay_held_back(self) -> None:
         held_back, self._held_back = self._held_back, []

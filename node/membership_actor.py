@@ -69,6 +69,11 @@ class MembershipActor:
         )
         return oldest.node_id if oldest is not None else None
 
+    def in_majority(self) -> bool:
+        """Are the live members more than half of the members known? A node that is not must
+        stop serving: across a partition, the other side takes its share over."""
+        return 2 * len(self.live_members()) > len(self._membership.known_members())
+
     def generations(self) -> dict[str, int]:
         """Each live member's generation: a new one means it restarted and lost its memory."""
         members = {}

@@ -74,10 +74,11 @@ class _Delivered:
 
 
 class _MembersChanged:
-    def __init__(self, members: dict[str, int], epoch: int, cold: bool) -> None:
+    def __init__(self, members: dict[str, int], epoch: int, cold: bool, majority: bool) -> None:
         self.members = members
         self.epoch = epoch
         self.cold = cold
+        self.majority = majority
         self.done = trio.Event()
 
 
@@ -132,9 +133,11 @@ class SemaphoreActor:
         """A message from node `sender` for the core (cluster only)."""
         await self._send.send(_Delivered(sender, message))
 
-    async def members_changed(self, members: dict[str, int], epoch: int, cold: bool) -> None:
+    async def members_changed(
+        self, members: dict[str, int], epoch: int, cold: bool, majority: bool
+    ) -> None:
         """The live members (id -> generation) changed (cluster only)."""
-        message = _MembersChanged(members, epoch, cold)
+        message = _MembersChanged(members, epoch, cold, majority)
         await self._send.send(message)
         await message.done.wait()
 
@@ -219,7 +222,9 @@ class SemaphoreActor:
             self._dispatch_events()
             return
         if isinstance(message, _MembersChanged):
-            self._core.change_members(message.members, now, message.epoch, message.cold)
+            self._core.change_members(
+                message.members, now, message.epoch, message.cold, message.majority
+            )
             self._dispatch_events()
             message.done.set()
             return

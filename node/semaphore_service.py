@@ -102,8 +102,9 @@ class ClusterSemaphores:
 
     @property
     def ready(self) -> bool:
-        """Does this node serve its share now (it knows the members and has pulled its state)?"""
-        return self._members_known and not self.core.waiting_for_handoff()
+        """Does this node serve its share now (it knows the members, sees a majority of them,
+        and has pulled its state)?"""
+        return self._members_known and self.core.serving
 
     @property
     def takeovers(self) -> int:
@@ -175,11 +176,18 @@ class ClusterSemaphores:
         previous = None
         while True:
             members = self._membership.generations()
-            if members != previous:
-                await self._actor.members_changed(members, epoch_now(), cold)
-                if previous is not None:
+            majority = self._membership.in_majority()
+            if (members, majority) != previous:
+                await self._actor.members_changed(members, epoch_now(), cold, majority)
+                if not majority:
+                    log.warning(
+                        "Members %s are no majority of the cluster: serving nothing until more "
+                        "are back.",
+                        ", ".join(sorted(members)),
+                    )
+                elif previous is not None:
                     log.info("Members now: %s.", ", ".join(sorted(members)))
-                previous, cold = members, False
+                previous, cold = (members, majority), False
                 self._members_known = True
             await trio.sleep(WATCH_INTERVAL)
 

@@ -61,19 +61,47 @@ class ShardNetwork:
             if node_id in pair:
                 del self.queues[pair]
 
-    def change_members(self, cold: bool = False, only: list[str] | None = None) -> None:
-        """Every live node (or those in `only`) learns the current members."""
+    def change_members(
+        self,
+        cold: bool = False,
+        only: list[str] | None = None,
+        sees: list[str] | None = None,
+        majority: bool = True,
+    ) -> None:
+        """Every live node (or those in `only`) learns the current members (or that only
+        those in `sees` are alive)."""
         self.epoch += 1
+        members = {n: g for n, g in self.generations.items() if sees is None or n in sees}
         for node_id in only or list(self.nodes):
-            self.nodes[node_id].change_members(dict(self.generations), self.now, self.epoch, cold)
+            self.nodes[node_id].change_members(members, self.now, self.epoch, cold, majority)
             self.collect(node_id)
+
+    def partition(self, *sides: list[str]) -> None:
+        """Cut every link between the sides; each side sees only itself, and knows whether it
+        is a majority of all the nodes."""
+        for pair in list(self.queues):
+            if not any(pair[0] in side and pair[1] in side for side in sides):
+                self.queues[pair].clear()
+        for side in sides:
+            majority = 2 * len(side) > len(self.nodes)
+            self.change_members(only=side, sees=side, majority=majority)
+        self.cut = [list(side) for side in sides]
 
     def collect(self, node_id: str) -> None:
         node = self.nodes[node_id]
         for destination, message in node.outbox():
-            if destination in self.nodes:
+            if destination in self.nodes and not self._cut_between(node_id, destination):
                 self.queues.setdefault((node_id, destination), deque()).append(message)
         self.events[node_id].extend(node.events())
+
+    cut: list[list[str]] = []
+
+    def _cut_between(self, a: str, b: str) -> bool:
+        return bool(self.cut) and not any(a in side and b in side for side in self.cut)
+
+    def heal(self) -> None:
+        self.cut = []
+        self.change_members()
 
     def send_replicas(self) -> None:
         """Every node streams its replica to the others (the messages queue like any)."""
@@ -119,11 +147,15 @@ class ShardNetwork:
         stuck = {node_id: node.next_deadline() for node_id, node in self.nodes.items()}
         raise AssertionError(f"a deadline that does not move (a busy actor): {stuck} at {self.now}")
 
+    def _viewer(self) -> ShardCore:
+        """A node that serves: its view of the members is the majority's."""
+        return next(node for node in self.nodes.values() if node.serving)
+
     def home(self, peer_id: int) -> ShardCore:
-        return self.nodes[next(iter(self.nodes.values())).home_of(peer_id)]
+        return self.nodes[self._viewer().home_of(peer_id)]
 
     def owner(self, semaphore: str) -> ShardCore:
-        return self.nodes[next(iter(self.nodes.values())).owner_of(semaphore)]
+        return self.nodes[self._viewer().owner_of(semaphore)]
 
     def new_peer(self, node_id: str, expires_in: float = 60.0) -> int:
         peer_id = self.nodes[node_id].new_peer(self.now + expires_in, self.rng)

@@ -210,6 +210,37 @@ def test_holders_keep_their_leases_when_the_owner_is_killed(cluster):
     assert min(samples) >= 0, samples
 
 
+def test_clients_rebuild_the_state_after_the_whole_cluster_lost_its_memory(cluster):
+    nodes, balancer = cluster
+    client = Client(balancer.url)
+    holders = []
+    for count in (3, 2):
+        peer = PeerWithHeartbeat(
+            client,
+            expiration_time=timedelta(seconds=60),
+            heartbeat_interval=timedelta(seconds=0.3),
+        )
+        assert peer.acquire("C", count=count)
+        peer.start_heartbeat()
+        holders.append(peer)
+
+    for node in nodes.values():
+        node.kill()
+    for node in nodes.values():
+        node.restart()
+    wait_until(lambda: all(is_ready(n.url) for n in nodes.values()), 15, "all nodes back")
+    # A cold start: no grace. The heartbeat threads meet `Unknown peer` and restore.
+    wait_until(lambda: client.remainder("C") == 0, 40, "holders restored")
+    waiter = client.new_peer(timedelta(minutes=1))
+    assert client.acquire(waiter, "C", count=1) is False
+    holders[1].stop_heartbeat()
+    holders[1].remove_from_server()
+    wait_until(lambda: client.is_acquired(waiter), 10, "waiter granted after the release")
+    assert client.remainder("C") == 1
+    holders[0].stop_heartbeat()
+    assert sum(gauge(n, "sluicegate_restores_beyond_max_total") for n in nodes.values()) == 0
+
+
 def test_restores_beyond_max_are_counted_at_the_owner(cluster):
     nodes, balancer = cluster
     for peer_id in (101, 102):

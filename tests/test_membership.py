@@ -150,6 +150,24 @@ def test_partitions_split_the_views_and_healing_joins_them():
     assert cluster.agreed({"n1", "n2", "n3", "n4", "n5"})
 
 
+def test_the_members_known_count_the_silent_ones_but_not_those_that_left():
+    cluster = SimulatedCluster(5)
+    cluster.run(3)
+    cluster.deliver("n5", cluster.nodes["n5"].leave())
+    cluster.crash("n5")
+    cluster.partition({"n1", "n2"}, {"n3", "n4"})
+    cluster.run(6)
+    # The majority of the four left: n1 and n2 see two of four, so neither side has it.
+    minority, other = cluster.nodes["n1"], cluster.nodes["n3"]
+    assert minority.known_members() == other.known_members() == {"n1", "n2", "n3", "n4"}
+    assert len(minority.live_members()) * 2 == len(minority.known_members())
+    cluster.crash("n4")
+    cluster.partition()
+    cluster.run(6)
+    assert set(cluster.nodes["n1"].live_members()) == {"n1", "n2", "n3"}  # three of four
+    assert cluster.nodes["n1"].known_members() == {"n1", "n2", "n3", "n4"}
+
+
 def test_one_way_partition_heals_through_third_parties():
     cluster = SimulatedCluster(3)
     cluster.run(3)

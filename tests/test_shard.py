@@ -298,6 +298,39 @@ def test_a_node_restarted_before_anyone_noticed_is_rebuilt_by_the_homes():
     assert net.home(holder).is_acquired(holder)
 
 
+def test_a_node_cut_off_in_a_minority_stops_serving_and_rejoins_by_pulling():
+    net = ShardNetwork(CONFIG, NODES)
+    owner = net.owner("A").node_id
+    rest = [n for n in NODES if n != owner]
+    holder, waiter = net.new_peer(rest[0]), net.new_peer(rest[1])
+    assert net.acquire(holder, "A", 3) is True
+    assert net.acquire(waiter, "A", 1) is False
+    token = net.token(holder, "A")
+    net.send_replicas()
+    net.deliver_all()
+
+    net.partition([owner], rest)
+    cut_off = net.nodes[owner]
+    assert not cut_off.serving
+    with pytest.raises(NotServing):
+        cut_off.remainder("A")
+    with pytest.raises(NotServing):
+        cut_off.new_peer(100, random.Random(0))
+    net.deliver_all()
+    # The majority took A over from the replica: the holder holds, the waiter waits.
+    successor = next(n for n in rest if net.nodes[n].serves_semaphore("A"))
+    assert net.nodes[successor].remainder("A") == 0
+    net.release(holder, "A")
+    net.advance(TAKEOVER_GRACE + 0.1)
+    assert net.home(waiter).is_acquired(waiter) is True
+
+    net.heal()
+    net.deliver_all()
+    assert cut_off.serving and net.owner("A") is cut_off
+    assert cut_off.remainder("A") == 2  # pulled back: the waiter's 1 of 3
+    assert net.token(waiter, "A") > token
+
+
 # -- a cluster with instant delivery answers like one node ------------------------------------
 
 OPS = st.lists(
