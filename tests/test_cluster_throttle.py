@@ -7,6 +7,7 @@ killed with SIGKILL, and come back.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import urllib.error
@@ -16,6 +17,7 @@ from datetime import timedelta
 import pytest
 import trio
 from throttle_client import Client, PeerWithHeartbeat, lock
+from throttle_client.client import UnknownPeer
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from sluicegate.cluster.ring import Ring, peer_key, semaphore_key
@@ -238,6 +240,43 @@ def test_clients_rebuild_the_state_after_the_whole_cluster_lost_its_memory(clust
     wait_until(lambda: client.is_acquired(waiter), 10, "waiter granted after the release")
     assert client.remainder("C") == 1
     holders[0].stop_heartbeat()
+    assert sum(gauge(n, "sluicegate_restores_beyond_max_total") for n in nodes.values()) == 0
+
+
+def test_a_node_left_without_a_majority_answers_503_until_the_others_are_back(cluster):
+    nodes, balancer = cluster
+    holder = PeerWithHeartbeat(
+        Client(nodes["n1"].url),
+        expiration_time=timedelta(minutes=5),
+        heartbeat_interval=timedelta(seconds=0.3),
+    )
+    assert holder.acquire("C", count=2)
+    holder.start_heartbeat()
+    paused = [nodes["n2"], nodes["n3"]]
+    for node in paused:
+        node.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: not is_ready(nodes["n1"].url), 10, "n1 sees no majority")
+        for path in ("/remainder?semaphore=C", f"/peers/{holder.id}/is_acquired"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{nodes['n1'].url}{path}", timeout=5)
+            assert refused.value.code == 503
+    finally:
+        for node in paused:
+            node.signal(signal.SIGCONT)
+    wait_until(lambda: all(is_ready(n.url) for n in nodes.values()), 20, "all serve again")
+    # Nobody served while no majority was up, and n1 dropped its state when it stepped down:
+    # the holder's heartbeat thread meets `Unknown peer` and restores, as after a restart.
+    via = Client(balancer.url)
+
+    def holds_again() -> bool:
+        try:
+            return via.is_acquired(holder.id) and via.remainder("C") == 3
+        except UnknownPeer:
+            return False  # not restored yet
+
+    wait_until(holds_again, 40, "the holder holds again")
+    holder.stop_heartbeat()
     assert sum(gauge(n, "sluicegate_restores_beyond_max_total") for n in nodes.values()) == 0
 
 
