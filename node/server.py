@@ -14,20 +14,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from sluicegate.cluster.membership import Gossip, Membership
-from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
 from sluicegate.cluster.semaphores import SemaphoreCore
-from sluicegate.cluster.shard import (
-    Audit,
-    Handoff,
-    LockAnswer,
-    LockRefused,
-    LockRelease,
-    LockRequest,
-    LockRestore,
-    Pull,
-    Reassert,
-    ShardCore,
-)
+from sluicegate.cluster.shard import Message as ShardMessage
+from sluicegate.cluster.shard import ShardCore
 
 from .app import NodeApp
 from .config import NodeConfig
@@ -45,20 +34,6 @@ log = logging.getLogger("sluicegate.node")
 GRACEFUL_TIMEOUT = 0.5
 # A joining node sends its pull again if no handoff came this long after it sent it.
 PULL_RETRY = 1.0
-# What node links carry to the semaphore actor.
-SHARD_MESSAGES = (
-    ReplicaDelta,
-    ReplicaResync,
-    LockRequest,
-    LockRestore,
-    LockRelease,
-    LockAnswer,
-    LockRefused,
-    Audit,
-    Reassert,
-    Pull,
-    Handoff,
-)
 
 
 async def run_node(
@@ -148,7 +123,7 @@ async def join_cluster(
                 nursery.start_soon(rpc.serve, remote_id, message, shard_actor.call)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
-            elif isinstance(message, SHARD_MESSAGES):
+            elif isinstance(message, ShardMessage):
                 await shard_actor.deliver(remote_id, message)
             else:
                 log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)

@@ -51,6 +51,22 @@ def owned_by(nodes: list[NodeProcess]) -> float:
     return sum(gauge(n, "sluicegate_semaphores_owned") or 0 for n in nodes)
 
 
+def heartbeating_holders(client: Client, semaphore: str, counts: list[int]) -> list:
+    """Peers holding `semaphore` with these counts, each heartbeating every 0.3 s in a thread
+    (and restoring its locks when its home forgot it)."""
+    holders = []
+    for count in counts:
+        peer = PeerWithHeartbeat(
+            client,
+            expiration_time=timedelta(minutes=1),
+            heartbeat_interval=timedelta(seconds=0.3),
+        )
+        assert peer.acquire(semaphore, count=count)
+        peer.start_heartbeat()
+        holders.append(peer)
+    return holders
+
+
 def fencing_token(url: str, peer_id: int, semaphore: str, count: int) -> int:
     """Ask again for a held lock (idempotent) and read its token from the response header."""
     request = urllib.request.Request(
@@ -163,16 +179,7 @@ def test_holders_keep_their_leases_when_the_owner_is_killed(cluster):
     nodes, balancer = cluster
     url = balancer.url
     client = Client(url)
-    holders = []
-    for count in (3, 2):
-        peer = PeerWithHeartbeat(
-            client,
-            expiration_time=timedelta(seconds=30),
-            heartbeat_interval=timedelta(seconds=0.3),
-        )
-        assert peer.acquire("C", count=count)
-        peer.start_heartbeat()
-        holders.append(peer)
+    holders = heartbeating_holders(client, "C", [3, 2])
     token_before = fencing_token(url, holders[0].id, "C", 3)
     assert client.remainder("C") == 0
     time.sleep(0.5)  # a replica leaves at most every 0.2 s after a change
@@ -215,16 +222,7 @@ def test_holders_keep_their_leases_when_the_owner_is_killed(cluster):
 def test_clients_rebuild_the_state_after_the_whole_cluster_lost_its_memory(cluster):
     nodes, balancer = cluster
     client = Client(balancer.url)
-    holders = []
-    for count in (3, 2):
-        peer = PeerWithHeartbeat(
-            client,
-            expiration_time=timedelta(seconds=60),
-            heartbeat_interval=timedelta(seconds=0.3),
-        )
-        assert peer.acquire("C", count=count)
-        peer.start_heartbeat()
-        holders.append(peer)
+    holders = heartbeating_holders(client, "C", [3, 2])
 
     for node in nodes.values():
         node.kill()
@@ -245,13 +243,7 @@ def test_clients_rebuild_the_state_after_the_whole_cluster_lost_its_memory(clust
 
 def test_a_node_left_without_a_majority_answers_503_until_the_others_are_back(cluster):
     nodes, balancer = cluster
-    holder = PeerWithHeartbeat(
-        Client(nodes["n1"].url),
-        expiration_time=timedelta(minutes=5),
-        heartbeat_interval=timedelta(seconds=0.3),
-    )
-    assert holder.acquire("C", count=2)
-    holder.start_heartbeat()
+    [holder] = heartbeating_holders(Client(nodes["n1"].url), "C", [2])
     paused = [nodes["n2"], nodes["n3"]]
     for node in paused:
         node.signal(signal.SIGSTOP)
