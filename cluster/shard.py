@@ -21,15 +21,20 @@ Nothing here assumes messages arrive. A home sends a request or restore again ev
 whether it still wants the locks it holds for it (`Audit`) and drops those it does not. All of it
 is idempotent, so lost, repeated and late messages all settle.
 
+Every node streams its share to the others (`cluster/replication.py`, driven by `replicate`).
 When members change (`change_members`):
 * a member that is gone (dead, left, or restarted with a new generation) leaves its keys to its
-  ring successors, which take them over from the latest `Replica` it sent. A semaphore taken over
+  ring successors, which take them over from their replica of it, and ask every member to
+  re-assert its peers' locks on the semaphores they gained (`Reassert`). A semaphore taken over
   gets a grace period: restores and re-assertions come in, nothing new is granted;
 * a node that joins, or restarts empty, sends `Pull` to every member (again every `pull_retry`),
   and serves nothing (503) until each answered with a `Handoff` of what it held that the new node
   owns now. A member answers once it counts the new node as a member, and stops serving that
   share then. A member that dies before it answers leaves its share to its replica;
-* every home re-asserts, to the new owner, each lock on a semaphore whose owner changed.
+* every home re-asserts, to the new owner, each lock on a semaphore whose owner changed;
+* state a node holds but does not own is pushed on to its owner (`_push_stranded`);
+* a node that sees no majority of the members it knows drops everything and serves nothing
+  (`_step_down`); it rejoins like a new node.
 
 Pure: `now` and fencing epochs come in as arguments, randomness from the `rng` given.
 """
@@ -42,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import NotServing, UnknownPeer
+from .errors import NotServing
 from .peers import AskOwner, PeerRecord, PeerRemoved, PeerTable
 from .replication import PART_RECORDS, ReplicaDelta, ReplicaFeed, ReplicaResync, ReplicaStore
 from .ring import Ring, peer_key, semaphore_key
@@ -411,7 +416,7 @@ class ShardCore:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def on_message(self, sender: str, message: Message | Replica, now: float) -> None:
+    def on_message(self, sender: str, message: Message, now: float) -> None:
         """A message from node `sender` arrived."""
         self._now = now
         self._receive(sender, message)
@@ -439,8 +444,8 @@ class ShardCore:
         return min(known) if known else None
 
     def expire(self, now: float) -> list[int]:
-        """Expire peers, end grace periods, retry waiting locks, give up on late handoffs and
-        audit, as their times come; returns the ids of the expired peers."""
+        """Expire peers, end grace periods, send again what was not answered (locks, pulls),
+        audit and push stranded state, as their times come; returns the expired peers' ids."""
         self._now = now
         expired = self._peers.expire(now)
         for peer_id, locks in expired:
@@ -849,5 +854,4 @@ __all__ = [
     "Pull",
     "Reassert",
     "ShardCore",
-    "UnknownPeer",
 ]
