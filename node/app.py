@@ -1,7 +1,8 @@
 """The node's one ASGI application (served by hypercorn's trio worker on the node's one port).
 
-HTTP requests go to the Throttle API. WebSocket connections to `/cluster` are node links, served
-only when the node is part of a cluster; every other WebSocket is refused (403).
+HTTP requests go to the Throttle API. WebSocket connections to `/ws` speak our own protocol
+(docs/protocol.md); those to `/cluster` are node links, served only when the node is part of a
+cluster; every other WebSocket is refused.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .links import Links
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
+from .ws_shell import WsConnection
 
 
 class NodeApp:
-    def __init__(self, semaphores: LocalSemaphores) -> None:
+    def __init__(self, semaphores: LocalSemaphores, node_id: str = "node") -> None:
         self.throttle = ThrottleApi(semaphores)
         self.router = Router(self.throttle)
         self.links: Links | None = None
+        # How this node names itself to `/ws` clients (its cluster id once it has one).
+        self.node_id = node_id
 
     def join_cluster(
         self, semaphores: ClusterSemaphores, links: Links, extra_metrics: Callable[[], str]
@@ -28,6 +32,7 @@ class NodeApp:
         self.throttle.semaphores = semaphores
         self.links = links
         self.throttle.extra_metrics = extra_metrics
+        self.node_id = semaphores.node_id
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -35,12 +40,16 @@ class NodeApp:
             response = await handle(self.router, request)
             await _send(send, response, head=request.method == "HEAD")
         elif scope["type"] == "websocket":
-            if scope["path"] != "/cluster" or self.links is None:
+            path = scope["path"]
+            if path not in ("/ws", "/cluster") or path == "/cluster" and self.links is None:
                 await send({"type": "websocket.close", "code": 1008})
                 return
             websocket = AsgiWebSocket(receive, send)
             if await websocket.accept():
-                await self.links.accept(websocket)
+                if path == "/ws":
+                    await WsConnection(websocket, self.throttle.semaphores, self.node_id).run()
+                else:
+                    await self.links.accept(websocket)
                 await websocket.aclose()
         elif scope["type"] == "lifespan":
             while True:

@@ -101,6 +101,10 @@ class ClusterSemaphores:
         return self._actor.core
 
     @property
+    def node_id(self) -> str:
+        return self._membership.node_id
+
+    @property
     def ready(self) -> bool:
         """Does this node serve its share now (it knows the members, sees a majority of them,
         and has pulled its state)?"""

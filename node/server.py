@@ -27,6 +27,7 @@ from .node_metrics import ClusterCollector, NodeMetrics
 from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
+from .wire import MAX_FRAME
 
 log = logging.getLogger("sluicegate.node")
 
@@ -50,6 +51,8 @@ async def run_node(
     hypercorn.bind = [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"]
     hypercorn.graceful_timeout = GRACEFUL_TIMEOUT
     hypercorn.include_server_header = False
+    # Frames of node links and of `/ws` are capped at 1 MiB (a bigger one closes with 1009).
+    hypercorn.websocket_max_message_size = MAX_FRAME
     hypercorn.accesslog = None
     # Hypercorn's own messages go through our logger, at our level, in our format.
     hypercorn.errorlog = logging.getLogger("sluicegate.hypercorn")
@@ -85,6 +88,7 @@ async def run_node(
                 )
             )
             url = binds[0]
+            app.node_id = url.split("//", 1)[1]
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
                 cluster = await nursery.start(join_cluster, app, actor, config, address)

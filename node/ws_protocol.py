@@ -1,0 +1,236 @@
+"""The WebSocket API's bytes (`/ws`, documented in docs/protocol.md): frames in, operations out,
+answers back to frames. Nothing here does I/O; `node/ws_shell.py` runs a connection with it.
+
+A request frame is a msgpack array of request maps, each with an `id` the answer quotes and an
+`op`. An answer frame is an array of answer maps: `{"id": N, "ok": RESULT}` or
+`{"id": N, "error": CODE, "message": TEXT}`. The operations are the HTTP API's, as the same
+`cluster/semaphore_ops.py` values, so both ways in share one core and one set of rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+
+from sluicegate.cluster import errors
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    AcquireOutcome,
+    Heartbeat,
+    IsAcquired,
+    NewPeer,
+    Operation,
+    ReleaseLock,
+    ReleasePeer,
+    Remainder,
+    Restore,
+)
+
+from .rpc import Unavailable
+from .wire import MAX_FRAME
+
+PROTOCOL_VERSION = 1
+MAX_REQUESTS_PER_FRAME = 10_000
+# Peer ids are unsigned 64-bit, as in the HTTP API.
+MAX_PEER_ID = 2**64 - 1
+
+# Close codes (RFC 6455 and the 4000-4999 private range).
+CLOSE_TEXT_FRAME = 1003
+CLOSE_UNDECODABLE = 1007
+CLOSE_IDLE = 1001
+CLOSE_NO_HELLO = 4000
+CLOSE_VERSION = 4001
+
+
+class ProtocolViolation(Exception):
+    """The connection cannot go on: close it with `code`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: int
+    op: Operation
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A request that cannot run: it is answered at once with this error."""
+
+    request_id: int | None
+    code: str
+    message: str
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def decode(frame: bytes | str, expect_hello: bool) -> dict | list[Request | Rejected]:
+    """Decode one client frame: the hello (a map) first, then arrays of requests."""
+    if isinstance(frame, str):
+        raise ProtocolViolation(CLOSE_TEXT_FRAME, "binary frames only")
+    try:
+        value = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+        raise ProtocolViolation(CLOSE_UNDECODABLE, f"undecodable msgpack: {error}") from None
+    if expect_hello:
+        if not isinstance(value, dict) or "hello" not in value:
+            raise ProtocolViolation(CLOSE_NO_HELLO, 'the first frame must be {"hello": VERSION}')
+        if value["hello"] != PROTOCOL_VERSION:
+            raise ProtocolViolation(
+                CLOSE_VERSION, f"protocol version {PROTOCOL_VERSION} only, not {value['hello']!r}"
+            )
+        return value
+    if not isinstance(value, list) or not value:
+        raise ProtocolViolation(CLOSE_UNDECODABLE, "a frame is a non-empty array of requests")
+    if len(value) > MAX_REQUESTS_PER_FRAME:
+        raise ProtocolViolation(
+            CLOSE_UNDECODABLE, f"at most {MAX_REQUESTS_PER_FRAME} requests per frame"
+        )
+    return [_request(item) for item in value]
+
+
+def welcome(node_id: str, idle_timeout: float) -> bytes:
+    return msgpack.packb(
+        {
+            "welcome": PROTOCOL_VERSION,
+            "node": node_id,
+            "max_frame": MAX_FRAME,
+            "idle_timeout": idle_timeout,
+        }
+    )
+
+
+def encode_answers(answers: list[dict]) -> bytes:
+    return msgpack.packb(answers)
+
+
+def ok(request_id: int, result: object) -> dict:
+    if isinstance(result, AcquireOutcome):
+        result = (
+            {"acquired": True, "token": result.fencing_token}
+            if result.acquired
+            else {"acquired": False}
+        )
+    return {"id": request_id, "ok": result}
+
+
+def error(request_id: int | None, code: str, message: str) -> dict:
+    return {"id": request_id, "error": code, "message": message}
+
+
+def domain_error(request_id: int, failure: Exception) -> dict:
+    """The one place that turns an error of the core (or the cluster) into a stable code."""
+    match failure:
+        case errors.UnknownSemaphore(semaphore=name):
+            return error(request_id, "unknown_semaphore", f"Unknown semaphore {name!r}")
+        case errors.UnknownPeer(peer_id=peer_id):
+            return error(request_id, "unknown_peer", f"Unknown peer {peer_id}")
+        case errors.InvalidLockCount(count=count):
+            return error(request_id, "invalid_count", f"Lock count must be positive, not {count}")
+        case errors.LockNeverAcquirable(asked=asked, max=max_):
+            return error(
+                request_id,
+                "never_acquirable",
+                f"Lock asks for count {asked} yet full count is only {max_}",
+            )
+        case errors.LockHierarchyViolation(current=current, requested=requested):
+            return error(
+                request_id,
+                "deadlock",
+                f"Lock level {requested} while holding level {current} could deadlock",
+            )
+        case errors.AlreadyPending():
+            return error(request_id, "already_pending", "Only one pending lock per peer")
+        case errors.RestoreConflict():
+            return error(request_id, "restore_conflict", "A restore may not change a peer")
+        case errors.ShrinkingLockCount():
+            return error(request_id, "shrinking_count", "A held lock's count cannot shrink")
+        case errors.NotServing(reason=reason) | Unavailable(args=(reason,)):
+            return error(request_id, "unavailable", f"Unavailable, retry: {reason}")
+    raise TypeError(f"unmapped error {failure!r}")
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+def _request(item: object) -> Request | Rejected:
+    if not isinstance(item, dict):
+        return Rejected(None, "bad_request", "a request is a map")
+    request_id = item.get("id")
+    if not isinstance(request_id, int) or isinstance(request_id, bool):
+        return Rejected(None, "bad_request", "a request needs an integer id")
+    op_name = item.get("op")
+    build = _OPERATIONS.get(op_name) if isinstance(op_name, str) else None
+    if build is None:
+        return Rejected(request_id, "unknown_op", f"unknown op {op_name!r}")
+    try:
+        return Request(request_id, build(item))
+    except _BadRequest as bad:
+        return Rejected(request_id, "bad_request", str(bad))
+
+
+def _field(item: dict, name: str, kind: type, default: object = ...) -> object:
+    if name not in item:
+        if default is ...:
+            raise _BadRequest(f"missing field {name!r}")
+        return default
+    value = item[name]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise _BadRequest(f"field {name!r} must be {kind.__name__}")
+    return value
+
+
+def _peer(item: dict) -> int:
+    peer_id = _field(item, "peer", int)
+    if not 0 <= peer_id <= MAX_PEER_ID:
+        raise _BadRequest("field 'peer' must be an unsigned 64-bit integer")
+    return peer_id
+
+
+def _seconds(item: dict, name: str, default: object = ...) -> float | None:
+    seconds = _field(item, name, float, default)
+    if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+        raise _BadRequest(f"field {name!r} must be a finite number of seconds, 0 or more")
+    return seconds
+
+
+def _acquire(item: dict) -> Acquire:
+    return Acquire(
+        _peer(item),
+        _field(item, "semaphore", str),
+        _field(item, "count", int, 1),
+        _seconds(item, "expires_in", None),
+        _seconds(item, "wait", None),
+    )
+
+
+def _restore(item: dict) -> Restore:
+    acquired = _field(item, "acquired", dict, {})
+    for name, count in acquired.items():
+        if not isinstance(name, str) or not isinstance(count, int) or isinstance(count, bool):
+            raise _BadRequest("field 'acquired' maps semaphore names to counts")
+    return Restore(_peer(item), _seconds(item, "expires_in"), acquired)
+
+
+_OPERATIONS: dict[str, Callable[[dict], Operation]] = {
+    "new_peer": lambda item: NewPeer(_seconds(item, "expires_in")),
+    "heartbeat": lambda item: Heartbeat(_peer(item), _seconds(item, "expires_in")),
+    "release_peer": lambda item: ReleasePeer(_peer(item)),
+    "acquire": _acquire,
+    "release": lambda item: ReleaseLock(_peer(item), _field(item, "semaphore", str)),
+    "is_acquired": lambda item: IsAcquired(_peer(item)),
+    "remainder": lambda item: Remainder(_field(item, "semaphore", str)),
+    "restore": _restore,
+}
+OPERATION_NAMES = sorted(_OPERATIONS)

@@ -1,0 +1,105 @@
+"""One `/ws` connection: the hello, then requests in and answers out, batched both ways.
+
+Every request runs as its own task, so a waiting acquire never holds up the ones behind it, and
+answers go out as they come: whatever is ready when the sender wakes leaves in one frame. At most
+`MAX_IN_FLIGHT` requests of one connection run at once; beyond that the connection is not read
+until some finish, so a flood slows its sender down (TCP pushes back) and nobody else.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from trio_websocket import ConnectionClosed
+
+from sluicegate.cluster.errors import SemaphoreError
+
+from . import ws_protocol as protocol
+from .asgi_websocket import AsgiWebSocket
+from .rpc import Unavailable
+from .semaphore_service import ClusterSemaphores, LocalSemaphores
+
+log = logging.getLogger("sluicegate.ws")
+
+MAX_IN_FLIGHT = 10_000
+HELLO_TIMEOUT = 10.0
+IDLE_TIMEOUT = 60.0
+
+
+class WsConnection:
+    def __init__(
+        self,
+        websocket: AsgiWebSocket,
+        semaphores: LocalSemaphores | ClusterSemaphores,
+        node_id: str,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:
+        self._ws = websocket
+        self._semaphores = semaphores
+        self._node_id = node_id
+        self._idle_timeout = idle_timeout
+        self._answers: list[dict] = []
+        self._answers_ready = trio.Event()
+        self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_answers)
+                await self._receive_requests(nursery)
+                nursery.cancel_scope.cancel()
+        except* protocol.ProtocolViolation as violations:
+            violation = violations.exceptions[0]
+            log.info("Closing a /ws connection: %s", violation.reason)
+            await self._close(violation.code, violation.reason)
+        except* ConnectionClosed:
+            pass
+
+    async def _receive_requests(self, nursery: trio.Nursery) -> None:
+        with trio.move_on_after(HELLO_TIMEOUT) as waited:
+            frame = await self._ws.get_message()
+        if waited.cancelled_caught:
+            raise protocol.ProtocolViolation(protocol.CLOSE_NO_HELLO, "no hello in time")
+        protocol.decode(frame, expect_hello=True)
+        await self._ws.send_message(protocol.welcome(self._node_id, self._idle_timeout))
+        while True:
+            with trio.move_on_after(self._idle_timeout) as waited:
+                frame = await self._ws.get_message()
+            if waited.cancelled_caught:
+                if self._in_flight.value < MAX_IN_FLIGHT:
+                    continue  # waiting acquires keep a connection busy
+                raise protocol.ProtocolViolation(protocol.CLOSE_IDLE, "idle timeout")
+            for item in protocol.decode(frame, expect_hello=False):
+                if isinstance(item, protocol.Rejected):
+                    self._answer(protocol.error(item.request_id, item.code, item.message))
+                    continue
+                await self._in_flight.acquire()
+                nursery.start_soon(self._serve, item)
+
+    async def _serve(self, request: protocol.Request) -> None:
+        try:
+            result = await self._semaphores.call(request.op)
+        except (SemaphoreError, Unavailable) as failure:
+            self._answer(protocol.domain_error(request.request_id, failure))
+        else:
+            self._answer(protocol.ok(request.request_id, result))
+        finally:
+            self._in_flight.release()
+
+    def _answer(self, answer: dict) -> None:
+        self._answers.append(answer)
+        self._answers_ready.set()
+
+    async def _send_answers(self) -> None:
+        while True:
+            await self._answers_ready.wait()
+            self._answers_ready = trio.Event()
+            answers, self._answers = self._answers, []
+            await self._ws.send_message(protocol.encode_answers(answers))
+
+    async def _close(self, code: int, reason: str) -> None:
+        try:
+            await self._ws.aclose(code, reason)
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
