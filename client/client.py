@@ -1,0 +1,262 @@
+"""The async client (trio): locks that survive node failures.
+
+    async with await sluicegate.client.connect(["ws://n1:8000", "ws://n2:8000"]) as client:
+        async with client.lock("A", count=2, timeout=10) as lease:
+            ...  # lease.fencing_token
+
+The client keeps one connection, to the first node that answers (the next URL when it breaks,
+with backoff). Each task's outermost lock takes a peer of the client's (nested locks in the same
+task share it, so their levels are checked), so any number of tasks lock at once, and their
+requests share frames. Peers heartbeat at a third of their expiry, and a peer a node forgot is
+restored with exactly the locks it holds. If heartbeats cannot reach any node before the peers
+would expire, the leases are lost: the body of each `async with client.lock()` is cancelled and
+`LeaseLost` raised from it, and `lease.lost` is set.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import trio
+
+from .connection import Connection, ConnectionLost
+from .session import LeaseLost, LockTimeout, Peer, Session, Unavailable, UnknownPeer
+
+DEFAULT_EXPIRES_IN = 30.0
+# Waits longer than this are split, so a lost connection is noticed and the wait resumed.
+WAIT_SLICE = 20.0
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 2.0
+# How long a call keeps trying nodes before it gives up with `Unavailable`.
+CALL_PATIENCE = 30.0
+
+
+@dataclass
+class Lease:
+    """A held lock. `lost` turns True if the client could not keep it (see the module doc)."""
+
+    semaphore: str
+    count: int
+    fencing_token: int | None
+    lost: bool = False
+    _scope: trio.CancelScope | None = field(default=None, repr=False)
+
+
+async def connect(urls: str | Sequence[str], *, expires_in: float = DEFAULT_EXPIRES_IN) -> Client:
+    """A client for the nodes at `urls` (`ws://host:port`, `/ws` implied); enter it with
+    `async with` to connect."""
+    if isinstance(urls, str):
+        urls = [urls]
+    if not urls:
+        raise ValueError("at least one node URL")
+    return Client([_ws_url(url) for url in urls], expires_in=expires_in)
+
+
+def _ws_url(url: str) -> str:
+    url = url.rstrip("/")
+    if url.startswith("http://"):
+        url = "ws://" + url[len("http://") :]
+    elif url.startswith("https://"):
+        url = "wss://" + url[len("https://") :]
+    return url if url.endswith("/ws") else url + "/ws"
+
+
+class Client:
+    def __init__(self, urls: list[str], *, expires_in: float) -> None:
+        self._urls = urls
+        self._next_url = 0
+        self._session = Session(expires_in)
+        self._connection: Connection | None = None
+        self._connecting = trio.Lock()
+        self._leases: list[Lease] = []
+        self._nursery: trio.Nursery | None = None
+        self._rng = random.Random()
+        # The peer of the current task's outermost lock (contexts are per task in trio).
+        self._task_peer: ContextVar[Peer | None] = ContextVar("sluicegate_peer", default=None)
+
+    @property
+    def node(self) -> str | None:
+        """The node this client talks to now."""
+        return self._connection.node if self._connection is not None else None
+
+    async def __aenter__(self) -> Client:
+        self._nursery_manager = trio.open_nursery()
+        self._nursery = await self._nursery_manager.__aenter__()
+        try:
+            await self._connected(trio.current_time() + CALL_PATIENCE)
+        except BaseException:
+            self._nursery.cancel_scope.cancel()
+            await self._nursery_manager.__aexit__(None, None, None)
+            raise
+        self._nursery.start_soon(self._heartbeats)
+        return self
+
+    async def __aexit__(self, *exc_info) -> bool | None:
+        try:
+            if self._connection is not None and not self._connection.closed:
+                with trio.move_on_after(2):
+                    async with trio.open_nursery() as nursery:
+                        for peer_id in list(self._session.peers):
+                            request = self._session.request("release_peer", peer=peer_id)
+                            nursery.start_soon(self._quietly, self._connection.call, request)
+        finally:
+            self._nursery.cancel_scope.cancel()
+        return await self._nursery_manager.__aexit__(*exc_info)
+
+    # -- the API -----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lock(
+        self, semaphore: str, count: int = 1, timeout: float | None = None
+    ) -> AsyncIterator[Lease]:
+        """Hold `count` of `semaphore` for the body; wait at most `timeout` seconds for it
+        (forever if None). Locks nested in one task must go down in level, as on HTTP."""
+        peer = self._task_peer.get()
+        outermost = peer is None
+        if outermost:
+            peer = self._session.idle_peer() or await self._new_peer()
+        context = self._task_peer.set(peer)
+        try:
+            lease = await self._acquire(peer, semaphore, count, timeout)
+            try:
+                with trio.CancelScope() as scope:
+                    lease._scope = scope
+                    yield lease
+            finally:
+                lease._scope = None
+                self._leases.remove(lease)
+                with trio.CancelScope(shield=True):
+                    await self._release(peer, semaphore)
+            if lease.lost:
+                raise LeaseLost(f"the lease on {semaphore!r} was lost: its peer expired")
+        finally:
+            self._task_peer.reset(context)
+            if outermost:
+                self._session.put_back(peer)
+
+    async def remainder(self, semaphore: str) -> int:
+        return await self._call(lambda: self._session.request("remainder", semaphore=semaphore))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _new_peer(self) -> Peer:
+        return self._session.created(await self._call(self._session.new_peer))
+
+    async def _acquire(
+        self, peer: Peer, semaphore: str, count: int, timeout: float | None
+    ) -> Lease:
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        while True:
+            wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
+            result = await self._call(
+                lambda wait=wait: self._session.acquire(peer, semaphore, count, wait), peer
+            )
+            if self._session.acquired(peer, semaphore, count, result):
+                lease = Lease(semaphore, count, peer.held[semaphore].token)
+                self._leases.append(lease)
+                return lease
+            if trio.current_time() >= deadline:
+                with trio.CancelScope(shield=True):
+                    await self._release(peer, semaphore)  # withdraw the waiting lock
+                raise LockTimeout(f"{semaphore!r} not granted within {timeout} s")
+
+    async def _release(self, peer: Peer, semaphore: str) -> None:
+        self._session.released(peer, semaphore)
+        try:
+            await self._call(lambda: self._session.release(peer, semaphore), peer)
+        except Unavailable:
+            pass  # the peer's expiry releases it in the end
+
+    async def _call(self, build: Callable[[], dict], peer: Peer | None = None) -> object:
+        """Run the request `build()` makes on some node: reconnect (to the next URL) when the
+        connection breaks, restore `peer` when a node forgot it, retry while the cluster is
+        unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent, so a
+        retry after a broken connection is safe."""
+        give_up = trio.current_time() + CALL_PATIENCE
+        backoff = BACKOFF_FIRST
+        restored = False
+        while True:
+            try:
+                connection = await self._connected(give_up)
+                return await connection.call(build())
+            except ConnectionLost:
+                pass
+            except UnknownPeer:
+                if restored or peer is None:
+                    raise
+                restored = True
+                await self._restore(peer)
+                continue
+            except Unavailable:
+                pass
+            if trio.current_time() >= give_up:
+                raise Unavailable("no node could serve the request")
+            await trio.sleep(backoff * (0.5 + self._rng.random()))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _restore(self, peer: Peer) -> None:
+        await self._call(lambda: self._session.restore(peer))
+
+    async def _connected(self, give_up: float) -> Connection:
+        async with self._connecting:
+            if self._connection is not None and not self._connection.closed:
+                return self._connection
+            backoff = BACKOFF_FIRST
+            while True:
+                for _ in range(len(self._urls)):
+                    url = self._urls[self._next_url]
+                    try:
+                        self._connection = await Connection.open(self._nursery, url)
+                        return self._connection
+                    except ConnectionLost:
+                        self._next_url = (self._next_url + 1) % len(self._urls)
+                if trio.current_time() >= give_up:
+                    raise Unavailable(f"no node answers at {', '.join(self._urls)}")
+                await trio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _heartbeats(self) -> None:
+        """Every peer heartbeats at a third of its expiry (all in one frame)."""
+        expires_in = self._session.expires_in
+        last_ok = trio.current_time()
+        while True:
+            await trio.sleep(expires_in / 3)
+            with trio.move_on_at(last_ok + expires_in):
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for peer in list(self._session.peers.values()):
+                            nursery.start_soon(self._heartbeat, peer)
+                    last_ok = trio.current_time()
+                    continue
+                except* Unavailable:
+                    pass
+            if trio.current_time() >= last_ok + expires_in:
+                self._lose_leases()
+                last_ok = trio.current_time()
+
+    async def _heartbeat(self, peer: Peer) -> None:
+        await self._call(
+            lambda: self._session.request(
+                "heartbeat", peer=peer.peer_id, expires_in=self._session.expires_in
+            ),
+            peer,
+        )
+
+    def _lose_leases(self) -> None:
+        for lease in self._leases:
+            lease.lost = True
+            if lease._scope is not None:
+                lease._scope.cancel()
+        self._session.lost()
+
+    @staticmethod
+    async def _quietly(call, request: dict) -> None:
+        try:
+            await call(request)
+        except (ConnectionLost, UnknownPeer, Unavailable):
+            pass

@@ -1,0 +1,146 @@
+"""What a client knows, without any I/O: its peer, the locks it holds and waits for, the requests
+in flight, and what to tell a node that forgot it.
+
+The connection (`client/connection.py`) sends what this builds and feeds back what arrives. The
+rules here decide, for instance, that a lock is held only once a node said so, and that a peer
+the cluster forgot is restored with exactly the locks held, never the ones still waited for.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+
+class SluicegateError(Exception):
+    """Base of the client's errors; `code` is the protocol's error code."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class UnknownSemaphore(SluicegateError):
+    code = "unknown_semaphore"
+
+
+class UnknownPeer(SluicegateError):
+    code = "unknown_peer"
+
+
+class Deadlock(SluicegateError):
+    """The lock's level would break the hierarchy of the locks held (it could deadlock)."""
+
+    code = "deadlock"
+
+
+class Unavailable(SluicegateError):
+    """No node could serve the request (all unreachable, joining, or without a majority)."""
+
+    code = "unavailable"
+
+
+class LockTimeout(SluicegateError):
+    """The lock was not granted within the timeout."""
+
+    code = "timeout"
+
+
+class LeaseLost(SluicegateError):
+    """A held lock could not be kept: its peer expired before a heartbeat reached a node."""
+
+    code = "lease_lost"
+
+
+class RequestRefused(SluicegateError):
+    """Any other refusal of the protocol (bad request, never acquirable, already pending...)."""
+
+
+_ERRORS = {
+    cls.code: cls for cls in (UnknownSemaphore, UnknownPeer, Deadlock, Unavailable, LeaseLost)
+}
+
+
+def error_from(answer: dict) -> SluicegateError:
+    cls = _ERRORS.get(answer.get("error"), RequestRefused)
+    error = cls(answer.get("message") or answer.get("error") or "refused")
+    error.code = answer.get("error", cls.code)
+    return error
+
+
+@dataclass
+class Held:
+    count: int
+    token: int | None
+
+
+@dataclass
+class Peer:
+    """One peer of the client: a lock hierarchy (the locks one task holds, nested)."""
+
+    peer_id: int
+    held: dict[str, Held] = field(default_factory=dict)
+
+
+class Session:
+    """The client's peers and request ids. A task's outermost lock takes a peer (a new one, or
+    an idle one of this client's); its nested locks use the same peer, so the cluster checks
+    their levels; afterwards the peer goes back to the idle ones."""
+
+    def __init__(self, expires_in: float) -> None:
+        self.expires_in = expires_in
+        self.peers: dict[int, Peer] = {}
+        self._idle: list[Peer] = []
+        self._ids = itertools.count(1)
+
+    def request(self, op: str, **fields: object) -> dict:
+        """A request map with a fresh id (fields that are None are left out)."""
+        request = {"id": next(self._ids), "op": op}
+        request.update({k: v for k, v in fields.items() if v is not None})
+        return request
+
+    def new_peer(self) -> dict:
+        return self.request("new_peer", expires_in=self.expires_in)
+
+    def created(self, peer_id: int) -> Peer:
+        peer = self.peers[peer_id] = Peer(peer_id)
+        return peer
+
+    def idle_peer(self) -> Peer | None:
+        return self._idle.pop() if self._idle else None
+
+    def put_back(self, peer: Peer) -> None:
+        """A task's outermost lock is over: its peer may serve another task."""
+        if peer.peer_id in self.peers and not peer.held:
+            self._idle.append(peer)
+
+    def restore(self, peer: Peer) -> dict:
+        """What recreates `peer` at a node that forgot it: exactly the locks it holds."""
+        acquired = {name: held.count for name, held in peer.held.items()}
+        return self.request(
+            "restore", peer=peer.peer_id, expires_in=self.expires_in, acquired=acquired
+        )
+
+    def acquire(self, peer: Peer, semaphore: str, count: int, wait: float | None) -> dict:
+        return self.request(
+            "acquire", peer=peer.peer_id, semaphore=semaphore, count=count, wait=wait
+        )
+
+    def release(self, peer: Peer, semaphore: str) -> dict:
+        return self.request("release", peer=peer.peer_id, semaphore=semaphore)
+
+    def acquired(self, peer: Peer, semaphore: str, count: int, result: dict) -> bool:
+        """An acquire's answer: True (and held from now on) if granted."""
+        if result.get("acquired"):
+            peer.held[semaphore] = Held(count, result.get("token"))
+            return True
+        return False
+
+    def released(self, peer: Peer, semaphore: str) -> None:
+        peer.held.pop(semaphore, None)
+
+    def lost(self) -> None:
+        """Every lease was lost: no peer holds anything any more."""
+        for peer in self.peers.values():
+            peer.held.clear()

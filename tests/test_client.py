@@ -1,0 +1,139 @@
+"""The async client against real node processes: locks, levels, timeouts, many tasks sharing one
+client, restore after a node lost its memory, and failover to the next URL."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from sluicegate import client as sg
+
+from .conftest import NODE_CONFIG
+from .nodes import NodeProcess
+
+pytestmark = pytest.mark.process
+
+TIMEOUT = 20
+
+
+async def test_a_lock_holds_count_and_token_and_is_released_on_exit(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as client:
+            async with client.lock("C", count=3) as lease:
+                assert lease.fencing_token is not None and not lease.lost
+                assert await client.remainder("C") == 2
+            assert await client.remainder("C") == 5
+            async with client.lock("C") as again:
+                assert again.fencing_token > lease.fencing_token
+
+
+async def test_nested_locks_follow_the_levels(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as client:
+            async with client.lock("B"):  # level 1
+                async with client.lock("A"):  # level 0: lower, fine
+                    assert await client.remainder("A") == 0
+            async with client.lock("A"):
+                with pytest.raises(sg.Deadlock):
+                    async with client.lock("B"):
+                        pass
+            with pytest.raises(sg.UnknownSemaphore):
+                async with client.lock("nope"):
+                    pass
+
+
+async def test_tasks_of_one_client_have_their_own_hierarchies(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as client:
+            holding_a = trio.Event()
+            done = trio.Event()
+
+            async def hold_a():
+                async with client.lock("A"):
+                    holding_a.set()
+                    await done.wait()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold_a)
+                await holding_a.wait()
+                # Another task of the same client: B (level 1) after A is no deadlock here.
+                async with client.lock("B", timeout=5) as lease:
+                    assert lease.fencing_token is not None
+                done.set()
+
+
+async def test_a_lock_not_granted_in_time_times_out_and_leaves_no_waiter(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as holder, await sg.connect(node.url) as other:
+            async with holder.lock("A"):
+                started = trio.current_time()
+                with pytest.raises(sg.LockTimeout):
+                    async with other.lock("A", timeout=0.5):
+                        pass
+                assert 0.4 < trio.current_time() - started < 3
+            # The timed-out waiter was withdrawn: the next one is granted at once.
+            async with other.lock("A", timeout=2):
+                pass
+
+
+async def test_many_tasks_lock_through_one_client_and_never_exceed_max(node):
+    inside = most = 0
+
+    async def worker(client):
+        nonlocal inside, most
+        for _ in range(3):
+            async with client.lock("C", timeout=15):
+                inside += 1
+                most = max(most, inside)
+                await trio.sleep(0.01)
+                inside -= 1
+
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as client:
+            async with trio.open_nursery() as nursery:
+                for _ in range(12):
+                    nursery.start_soon(worker, client)
+            assert await client.remainder("C") == 5
+    assert most == 5
+
+
+async def test_concurrent_requests_of_one_client_share_frames(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as client:
+            results = []
+
+            async def ask():
+                results.append(await client.remainder("C"))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(200):
+                    nursery.start_soon(ask)
+            assert results == [5] * 200
+
+
+async def test_a_node_that_lost_its_memory_gets_the_locks_restored(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url, expires_in=1.5) as client:
+            async with client.lock("C", count=2) as lease:
+                node.kill()
+                node.restart()
+                # The heartbeat (every 0.5 s) meets `unknown_peer` and restores the peer.
+                while True:
+                    try:
+                        if await client.remainder("C") == 3:
+                            break
+                    except sg.Unavailable:
+                        pass
+                    await trio.sleep(0.1)
+                assert not lease.lost
+            assert await client.remainder("C") == 5
+
+
+async def test_the_next_url_is_used_when_a_node_is_down(tmp_path):
+    with NodeProcess(NODE_CONFIG, workdir=tmp_path / "up") as up:
+        with NodeProcess(NODE_CONFIG, workdir=tmp_path / "down") as down:
+            dead_url = down.url
+        with trio.fail_after(TIMEOUT):
+            async with await sg.connect([dead_url, up.url]) as client:
+                async with client.lock("A"):
+                    assert client.node == f"127.0.0.1:{up.port}"

@@ -1,0 +1,58 @@
+"""The client's sans-IO session: which peer a lock uses, and what a restore carries."""
+
+from __future__ import annotations
+
+from sluicegate.client.session import (
+    Deadlock,
+    RequestRefused,
+    Session,
+    UnknownPeer,
+    error_from,
+)
+
+
+def test_a_restore_carries_exactly_the_locks_held():
+    session = Session(expires_in=10)
+    peer = session.created(7)
+    assert session.acquired(peer, "A", 2, {"acquired": True, "token": 5}) is True
+    assert session.acquired(peer, "B", 1, {"acquired": False}) is False  # still waiting
+    restore = session.restore(peer)
+    assert restore["op"] == "restore" and restore["peer"] == 7
+    assert restore["acquired"] == {"A": 2}
+    assert restore["expires_in"] == 10
+    session.released(peer, "A")
+    assert session.restore(peer)["acquired"] == {}
+
+
+def test_a_peer_goes_back_to_the_idle_ones_only_when_it_holds_nothing():
+    session = Session(expires_in=10)
+    busy, free = session.created(1), session.created(2)
+    session.acquired(busy, "A", 1, {"acquired": True, "token": 1})
+    session.put_back(busy)
+    session.put_back(free)
+    assert session.idle_peer() is free
+    assert session.idle_peer() is None
+
+
+def test_requests_have_fresh_ids_and_leave_out_empty_fields():
+    session = Session(expires_in=10)
+    peer = session.created(3)
+    first = session.acquire(peer, "A", 1, wait=None)
+    second = session.acquire(peer, "A", 1, wait=2.0)
+    assert first["id"] != second["id"]
+    assert "wait" not in first and second["wait"] == 2.0
+
+
+def test_errors_map_to_exception_types_with_their_codes():
+    assert isinstance(error_from({"error": "deadlock", "message": "m"}), Deadlock)
+    assert isinstance(error_from({"error": "unknown_peer"}), UnknownPeer)
+    other = error_from({"error": "already_pending", "message": "one at a time"})
+    assert isinstance(other, RequestRefused) and other.code == "already_pending"
+
+
+def test_losing_the_leases_forgets_every_held_lock():
+    session = Session(expires_in=10)
+    peer = session.created(4)
+    session.acquired(peer, "A", 1, {"acquired": True, "token": 1})
+    session.lost()
+    assert session.restore(peer)["acquired"] == {}
