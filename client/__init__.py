@@ -1,5 +1,7 @@
-"""The sluicegate Python client: `connect` for the async (trio) API."""
+"""The sluicegate Python client: `connect` for the async (trio) API, `lock` and `BlockingClient`
+for threads and scripts."""
 
+from .blocking import BlockingClient, lock
 from .client import Client, Lease, connect
 from .session import (
     Deadlock,
@@ -13,6 +15,7 @@ from .session import (
 )
 
 __all__ = [
+    "BlockingClient",
     "Client",
     "Deadlock",
     "Lease",
@@ -24,4 +27,5 @@ __all__ = [
     "UnknownPeer",
     "UnknownSemaphore",
     "connect",
+    "lock",
 ]

@@ -119,7 +119,7 @@ class Client:
         peer = self._task_peer.get()
         outermost = peer is None
         if outermost:
-            peer = self._session.idle_peer() or await self._new_peer()
+            peer = await self._take_peer()
         context = self._task_peer.set(peer)
         try:
             lease = await self._acquire(peer, semaphore, count, timeout)
@@ -128,21 +128,32 @@ class Client:
                     lease._scope = scope
                     yield lease
             finally:
-                lease._scope = None
-                self._leases.remove(lease)
-                with trio.CancelScope(shield=True):
-                    await self._release(peer, semaphore)
+                await self._let_go(peer, semaphore, lease)
             if lease.lost:
                 raise LeaseLost(f"the lease on {semaphore!r} was lost: its peer expired")
         finally:
             self._task_peer.reset(context)
             if outermost:
-                self._session.put_back(peer)
+                await self._put_back(peer)
 
     async def remainder(self, semaphore: str) -> int:
         return await self._call(lambda: self._session.request("remainder", semaphore=semaphore))
 
     # -- internals ---------------------------------------------------------------------------
+
+    # The steps of `lock`, also driven one by one from other threads (`client/blocking.py`).
+
+    async def _take_peer(self) -> Peer:
+        return self._session.idle_peer() or await self._new_peer()
+
+    async def _let_go(self, peer: Peer, semaphore: str, lease: Lease) -> None:
+        lease._scope = None
+        self._leases.remove(lease)
+        with trio.CancelScope(shield=True):
+            await self._release(peer, semaphore)
+
+    async def _put_back(self, peer: Peer) -> None:
+        self._session.put_back(peer)
 
     async def _new_peer(self) -> Peer:
         return self._session.created(await self._call(self._session.new_peer))

@@ -3,6 +3,9 @@ client, restore after a node lost its memory, and failover to the next URL."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import trio
 
@@ -137,3 +140,44 @@ async def test_the_next_url_is_used_when_a_node_is_down(tmp_path):
             async with await sg.connect([dead_url, up.url]) as client:
                 async with client.lock("A"):
                     assert client.node == f"127.0.0.1:{up.port}"
+
+
+def test_the_blocking_api_from_many_threads_never_exceeds_max(node):
+    inside = most = 0
+    guard = threading.Lock()
+    errors = []
+
+    def worker():
+        nonlocal inside, most
+        try:
+            for _ in range(3):
+                with sg.lock(node.url, "C", timeout=15) as lease:
+                    assert lease.fencing_token is not None
+                    with guard:
+                        inside += 1
+                        most = max(most, inside)
+                    time.sleep(0.01)
+                    with guard:
+                        inside -= 1
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    assert errors == [] and most == 5
+
+
+def test_a_blocking_client_nests_and_times_out(node):
+    with sg.BlockingClient(node.url) as client:
+        with client.lock("B") as outer:
+            with client.lock("A") as inner:  # the thread's own peer: levels 1 then 0
+                assert inner.fencing_token and outer.fencing_token
+                assert client.remainder("A") == 0
+            with pytest.raises(sg.LockTimeout):
+                with sg.BlockingClient(node.url) as other:
+                    with other.lock("B", timeout=0.3):
+                        pass
+        assert client.remainder("B") == 1
