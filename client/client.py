@@ -214,6 +214,9 @@ class Client:
         await self._call(lambda: self._session.restore(peer))
 
     async def _connected(self, give_up: float) -> Connection:
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
         async with self._connecting:
             if self._connection is not None and not self._connection.closed:
                 return self._connection
