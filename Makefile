@@ -41,6 +41,7 @@ lint: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/python bench/http_semaphores.py
 	$(BIN)/python bench/forwarding.py
+	$(BIN)/python bench/ws_semaphores.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info
