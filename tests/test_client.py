@@ -3,6 +3,7 @@ client, restore after a node lost its memory, and failover to the next URL."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -181,3 +182,30 @@ def test_a_blocking_client_nests_and_times_out(node):
                     with other.lock("B", timeout=0.3):
                         pass
         assert client.remainder("B") == 1
+
+
+async def test_a_lease_that_cannot_be_kept_cancels_the_body_and_raises(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url, expires_in=1.5) as client:
+            reached_the_end = False
+            with pytest.raises(sg.LeaseLost):
+                async with client.lock("A") as lease:
+                    node.signal(signal.SIGSTOP)  # no heartbeat reaches it any more
+                    try:
+                        await trio.sleep(10)
+                        reached_the_end = True
+                    finally:
+                        node.signal(signal.SIGCONT)
+            assert lease.lost and not reached_the_end
+
+
+def test_the_blocking_api_raises_on_exit_when_the_lease_was_lost(node):
+    with sg.BlockingClient(node.url, expires_in=1.5) as client:
+        with pytest.raises(sg.LeaseLost):
+            with client.lock("A") as lease:
+                node.signal(signal.SIGSTOP)
+                try:
+                    time.sleep(3)
+                finally:
+                    node.signal(signal.SIGCONT)
+        assert lease.lost
