@@ -36,24 +36,33 @@ NOT_YET = AcquireOutcome(False)
 DECISION_TIMEOUT = 5.0
 
 
-class _Request:
-    __slots__ = ("op", "done", "result", "error", "undecided")
+# Called with (result, None) or (None, error) when a submitted request is answered.
+Answered = Callable[[object, BaseException | None], None]
 
-    def __init__(self, op: Operation | None) -> None:
+
+class _Request:
+    __slots__ = ("op", "done", "result", "error", "undecided", "answered")
+
+    def __init__(self, op: Operation | None, answered: Answered | None = None) -> None:
         self.op = op
         # Parked only until the owner decides (no `block_for`): "queued" answers it.
         self.undecided = False
         self.done = trio.Event()
         self.result: object = None
         self.error: BaseException | None = None
+        self.answered = answered
 
     def succeed(self, result: object) -> None:
         self.result = result
         self.done.set()
+        if self.answered is not None:
+            self.answered(result, None)
 
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.done.set()
+        if self.answered is not None:
+            self.answered(None, error)
 
 
 class _StopBlocking:
@@ -122,6 +131,15 @@ class SemaphoreActor:
         if request.error is not None:
             raise request.error
         return request.result
+
+    async def submit(self, op: Operation, answered: Answered) -> None:
+        """Queue `op` without waiting for it: `answered` is called, in the actor's task, with
+        its result or its `SemaphoreError` (the WebSocket shell answers many requests so)."""
+        request = _Request(op, answered)
+        try:
+            self._send.send_nowait(request)
+        except trio.WouldBlock:
+            await self._send.send(request)
 
     async def stats(self) -> list[SemaphoreStats]:
         message = _Stats()

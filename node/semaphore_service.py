@@ -42,7 +42,7 @@ from sluicegate.cluster.shard import ShardCore
 from .links import Links
 from .membership_actor import MembershipActor
 from .rpc import Rpc, Unavailable
-from .semaphore_actor import SemaphoreActor
+from .semaphore_actor import Answered, SemaphoreActor
 
 log = logging.getLogger("sluicegate.semaphores")
 
@@ -69,6 +69,11 @@ class LocalSemaphores:
 
     async def call(self, op: Operation) -> object:
         return await self._actor.call(op)
+
+    async def submit(self, op: Operation, answered: Answered) -> bool:
+        """Queue `op`; `answered` gets its outcome. Always taken here: nothing is elsewhere."""
+        await self._actor.submit(op, answered)
+        return True
 
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
@@ -135,6 +140,23 @@ class ClusterSemaphores:
             return await self._rpc.call(target, op, timeout)
         except NotServing as error:
             raise Unavailable(error.reason) from None
+
+    async def submit(self, op: Operation, answered: Answered) -> bool:
+        """Queue `op` if this node serves it, `answered` getting its outcome; False if it
+        belongs elsewhere (then `call` it)."""
+        if not self._members_known or isinstance(op, ListPeers):
+            return False
+        target = self._target(op)
+        if target is not None and target != self._membership.node_id:
+            return False
+
+        def translated(result: object, error: BaseException | None) -> None:
+            if isinstance(error, NotServing):
+                error = Unavailable(error.reason)
+            answered(result, error)
+
+        await self._actor.submit(op, translated)
+        return True
 
     async def serve(self, op: Operation) -> object:
         """Run `op` here, for another node (its core refuses what is not served here)."""

@@ -1,9 +1,11 @@
 """One `/ws` connection: the hello, then requests in and answers out, batched both ways.
 
-Every request runs as its own task, so a waiting acquire never holds up the ones behind it, and
-answers go out as they come: whatever is ready when the sender wakes leaves in one frame. At most
-`MAX_IN_FLIGHT` requests of one connection run at once; beyond that the connection is not read
-until some finish, so a flood slows its sender down (TCP pushes back) and nobody else.
+Requests this node serves are queued at its semaphore actor straight from the frame, each
+answered by a callback when it is done, so a waiting acquire never holds up the ones behind it;
+requests that belong to other nodes run as tasks that forward them. Answers go out as they come:
+whatever is ready when the sender wakes leaves in one frame. At most `MAX_IN_FLIGHT` requests of
+one connection run at once; beyond that the connection is not read until some finish, so a flood
+slows its sender down (TCP pushes back) and nobody else.
 """
 
 from __future__ import annotations
@@ -75,7 +77,18 @@ class WsConnection:
                     self._answer(protocol.error(item.request_id, item.code, item.message))
                     continue
                 await self._in_flight.acquire()
-                nursery.start_soon(self._serve, item)
+                if not await self._semaphores.submit(item.op, self._answerer(item.request_id)):
+                    nursery.start_soon(self._serve, item)
+
+    def _answerer(self, request_id: int):
+        def answered(result: object, failure: BaseException | None) -> None:
+            if failure is None:
+                self._answer(protocol.ok(request_id, result))
+            else:
+                self._answer(protocol.domain_error(request_id, failure))
+            self._in_flight.release()
+
+        return answered
 
     async def _serve(self, request: protocol.Request) -> None:
         try:

@@ -1,0 +1,75 @@
+"""The `/ws` protocol's bytes without a network: requests, their checks, and error codes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from sluicegate.cluster import errors
+from sluicegate.cluster.semaphore_ops import Acquire, Restore
+from sluicegate.node import ws_protocol as protocol
+from sluicegate.node.rpc import Unavailable
+
+
+def decode(*requests: object) -> list:
+    return protocol.decode(msgpack.packb(list(requests)), expect_hello=False)
+
+
+def test_requests_become_the_operations_of_the_http_api():
+    [acquire, restore] = decode(
+        {"id": 1, "op": "acquire", "peer": 5, "semaphore": "A", "count": 2, "wait": 1},
+        {"id": 2, "op": "restore", "peer": 5, "expires_in": 10, "acquired": {"A": 2}},
+    )
+    assert acquire == protocol.Request(1, Acquire(5, "A", 2, None, 1.0))
+    assert restore == protocol.Request(2, Restore(5, 10.0, {"A": 2}))
+
+
+@pytest.mark.parametrize(
+    ("request_map", "code"),
+    [
+        ({"id": 1, "op": "acquire", "peer": True, "semaphore": "A"}, "bad_request"),
+        (
+            {"id": 1, "op": "acquire", "peer": 1, "semaphore": "A", "wait": float("nan")},
+            "bad_request",
+        ),
+        (
+            {"id": 1, "op": "restore", "peer": 1, "expires_in": 1, "acquired": {"A": "x"}},
+            "bad_request",
+        ),
+        ({"id": 1, "op": "heartbeat", "peer": 1}, "bad_request"),
+        ({"id": 1, "op": 7}, "unknown_op"),
+        ({"id": "1", "op": "new_peer"}, "bad_request"),
+        ("not a map", "bad_request"),
+    ],
+)
+def test_bad_requests_are_rejected_with_a_code(request_map, code):
+    [rejected] = decode(request_map)
+    assert isinstance(rejected, protocol.Rejected) and rejected.code == code
+
+
+def test_every_error_of_the_core_has_a_code_of_its_own():
+    samples = [
+        errors.UnknownSemaphore("A"),
+        errors.UnknownPeer(1),
+        errors.LockNeverAcquirable(3, 2),
+        errors.LockHierarchyViolation(0, 1),
+        errors.AlreadyPending(),
+        errors.InvalidLockCount(0),
+        errors.RestoreConflict(),
+        errors.ShrinkingLockCount(),
+        errors.NotServing("moving"),
+        Unavailable("no link"),
+    ]
+    codes = [protocol.domain_error(1, sample)["error"] for sample in samples]
+    assert "internal" not in codes
+    assert len(set(codes)) == len(codes) - 1  # NotServing and Unavailable share "unavailable"
+    assert len(samples) - 2 == len(errors.SemaphoreError.__subclasses__()) - 1
+
+
+def test_frames_that_are_not_requests_end_the_connection():
+    with pytest.raises(protocol.ProtocolViolation) as violation:
+        protocol.decode(msgpack.packb([]), expect_hello=False)
+    assert violation.value.code == protocol.CLOSE_UNDECODABLE
+    with pytest.raises(protocol.ProtocolViolation) as violation:
+        protocol.decode(msgpack.packb({"hello": 1}), expect_hello=False)
+    assert violation.value.code == protocol.CLOSE_UNDECODABLE
