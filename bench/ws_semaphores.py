@@ -2,9 +2,10 @@
 
     python bench/ws_semaphores.py [--duration 5]
 
-1. Echo: a raw trio-websocket server that decodes and re-encodes each msgpack frame, and a
-   client that sends one small request map per frame. Sequential round trips give the stack's
-   p50; then 64 frames in flight on one connection give its rate.
+1. Echo: a raw trio-websocket server, in a process of its own as a node is, that decodes and
+   re-encodes each msgpack frame, and a client that sends one small request map per frame.
+   Sequential round trips give the stack's p50; then 64 frames in flight on one connection give
+   its rate.
 2. sluicegate, one node process on a free loopback port, our async client:
    * sequential: one task locks and unlocks an uncontended semaphore, one op per round trip
      (acquire, then release); the p50 of one op;
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import msgpack
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url, serve_websocket
+from trio_websocket import open_websocket_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sluicegate import client as sg  # noqa: E402
@@ -34,7 +37,11 @@ CONFIG = "[semaphores]\nbench = 1000\n"
 REQUEST = {"id": 1, "op": "acquire", "peer": 12345678901234, "semaphore": "bench", "count": 1}
 
 
-async def echo_server(request) -> None:
+ECHO_SERVER = """
+import sys, msgpack, trio
+from trio_websocket import ConnectionClosed, serve_websocket
+
+async def echo(request):
     ws = await request.accept()
     try:
         while True:
@@ -42,11 +49,28 @@ async def echo_server(request) -> None:
     except ConnectionClosed:
         pass
 
+async def main():
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, echo, "127.0.0.1", 0, None)
+        print(server.port, flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
 
 async def echo(duration: float) -> dict:
+    """The echo server runs in a process of its own, as a node does."""
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, echo_server, "127.0.0.1", 0, None)
-        port = server.port
+        process = await nursery.start(
+            partial(
+                trio.run_process,
+                [sys.executable, "-c", ECHO_SERVER],
+                stdout=subprocess.PIPE,
+                check=False,
+            )
+        )
+        port = int((await process.stdout.receive_some(64)).split()[0])
         async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
             frame = msgpack.packb([REQUEST])
             latencies = []
@@ -66,7 +90,7 @@ async def echo(duration: float) -> dict:
                 done += 1
                 await ws.send_message(frame)
             rate = done / (trio.current_time() - started)
-        nursery.cancel_scope.cancel()
+        process.kill()
     return {"p50_ms": statistics.median(latencies) * 1000, "rate_64": rate}
 
 
