@@ -84,6 +84,11 @@ class Client:
         """The node this client talks to now."""
         return self._connection.node if self._connection is not None else None
 
+    @property
+    def connection(self) -> Connection | None:
+        """The current connection (its `frames_sent` and `requests_sent` show the batching)."""
+        return self._connection
+
     async def __aenter__(self) -> Client:
         self._nursery_manager = trio.open_nursery()
         self._nursery = await self._nursery_manager.__aenter__()

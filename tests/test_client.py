@@ -109,10 +109,12 @@ async def test_concurrent_requests_of_one_client_share_frames(node):
             async def ask():
                 results.append(await client.remainder("C"))
 
+            frames_before = client.connection.frames_sent
             async with trio.open_nursery() as nursery:
                 for _ in range(200):
                     nursery.start_soon(ask)
             assert results == [5] * 200
+            assert client.connection.frames_sent - frames_before <= 20  # not one frame each
 
 
 async def test_a_node_that_lost_its_memory_gets_the_locks_restored(node):
