@@ -211,3 +211,17 @@ def test_the_blocking_api_raises_on_exit_when_the_lease_was_lost(node):
                 finally:
                     node.signal(signal.SIGCONT)
         assert lease.lost
+
+
+def test_the_blocking_api_serves_asyncio_code_through_threads(node):
+    import asyncio
+
+    def locked_remainder() -> int:
+        with sg.lock(node.url, "C", count=2):
+            with sg.BlockingClient(node.url) as other:
+                return other.remainder("C")
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(asyncio.to_thread(locked_remainder) for _ in range(2)))
+
+    assert all(0 < left <= 3 for left in asyncio.run(main()))

@@ -1,0 +1,103 @@
+"""A `/ws` connection over an in-memory WebSocket under trio's virtual clock: the hello deadline,
+the idle timeout, and waiting acquires that keep a connection open past it."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+import trio
+from trio_websocket import CloseReason, ConnectionClosed
+
+from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
+from sluicegate.node.semaphore_actor import SemaphoreActor
+from sluicegate.node.semaphore_service import LocalSemaphores
+from sluicegate.node.ws_shell import HELLO_TIMEOUT, IDLE_TIMEOUT, WsConnection
+
+
+class FakeWebSocket:
+    """The server's side of a WebSocket; the test plays the client through `to_server` and
+    `from_server`."""
+
+    def __init__(self) -> None:
+        self.to_server_send, self._incoming = trio.open_memory_channel(100)
+        self._outgoing, self.from_server = trio.open_memory_channel(100)
+        self.closed: CloseReason | None = None
+
+    async def get_message(self) -> bytes:
+        return await self._incoming.receive()
+
+    async def send_message(self, message: bytes) -> None:
+        if self.closed is not None:
+            raise ConnectionClosed(self.closed)
+        await self._outgoing.send(message)
+
+    async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
+        self.closed = CloseReason(code, reason)
+
+
+@pytest.fixture
+async def served(nursery):
+    actor = SemaphoreActor(SemaphoreCore({"A": SemaphoreConfig(1)}), rng=random.Random(1))
+    await nursery.start(actor.run)
+    ws = FakeWebSocket()
+    connection = WsConnection(ws, LocalSemaphores(actor), "n1")
+    done = trio.Event()
+
+    async def run() -> None:
+        await connection.run()
+        done.set()
+
+    nursery.start_soon(run)
+    yield ws, done
+    actor.close()
+
+
+async def hello(ws) -> None:
+    await ws.to_server_send.send(msgpack.packb({"hello": 1}))
+    assert msgpack.unpackb(await ws.from_server.receive())["welcome"] == 1
+
+
+async def test_no_hello_in_time_closes_the_connection(autojump_clock, served):
+    ws, done = served
+    await done.wait()
+    assert trio.current_time() == pytest.approx(HELLO_TIMEOUT)
+    assert ws.closed.code == 4000
+
+
+async def test_an_idle_connection_is_closed_after_the_idle_timeout(autojump_clock, served):
+    ws, done = served
+    await hello(ws)
+    started = trio.current_time()
+    await done.wait()
+    assert trio.current_time() - started == pytest.approx(IDLE_TIMEOUT)
+    assert ws.closed.code == 1001
+
+
+async def test_a_waiting_acquire_keeps_the_connection_open(autojump_clock, served):
+    ws, done = served
+    await hello(ws)
+    requests = [
+        {"id": 1, "op": "new_peer", "expires_in": 1000},
+        {"id": 2, "op": "new_peer", "expires_in": 1000},
+    ]
+    await ws.to_server_send.send(msgpack.packb(requests))
+    answers = msgpack.unpackb(await ws.from_server.receive())
+    holder, waiter = (answer["ok"] for answer in answers)
+    await ws.to_server_send.send(
+        msgpack.packb(
+            [
+                {"id": 3, "op": "acquire", "peer": holder, "semaphore": "A"},
+                {"id": 4, "op": "acquire", "peer": waiter, "semaphore": "A", "wait": 100},
+            ]
+        )
+    )
+    assert msgpack.unpackb(await ws.from_server.receive())[0]["id"] == 3
+    started = trio.current_time()
+    # Silent for longer than the idle timeout, but an acquire waits: still open.
+    with trio.fail_after(200):
+        [late] = msgpack.unpackb(await ws.from_server.receive())
+    assert late == {"id": 4, "ok": {"acquired": False}}
+    assert trio.current_time() - started == pytest.approx(100)
+    assert not done.is_set()
