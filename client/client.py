@@ -152,10 +152,18 @@ class Client:
         return self._session.idle_peer() or await self._new_peer()
 
     async def _let_go(self, peer: Peer, semaphore: str, lease: Lease) -> None:
+        """Release a lease. Not shielded (a cancel scope per release costs much): if the task
+        is cancelled meanwhile, or no node answers, the release may not have happened, so the
+        peer stays marked unsettled and is dropped rather than reused (its expiry frees it)."""
         lease._scope = None
         self._leases.remove(lease)
-        with trio.CancelScope(shield=True):
-            await self._release(peer, semaphore)
+        self._session.released(peer, semaphore)
+        peer.unsettled = True
+        try:
+            await self._call(lambda: self._session.release(peer, semaphore), peer)
+        except Unavailable:
+            return
+        peer.unsettled = False
 
     async def _put_back(self, peer: Peer) -> None:
         self._session.put_back(peer)

@@ -81,6 +81,8 @@ class Peer:
 
     peer_id: int
     held: dict[str, Held] = field(default_factory=dict)
+    # A release was sent but not answered: the cluster may still count a lock of this peer.
+    unsettled: bool = False
 
 
 class Session:
@@ -111,8 +113,14 @@ class Session:
         return self._idle.pop() if self._idle else None
 
     def put_back(self, peer: Peer) -> None:
-        """A task's outermost lock is over: its peer may serve another task."""
-        if peer.peer_id in self.peers and not peer.held:
+        """A task's outermost lock is over: its peer may serve another task, unless a release
+        of it is unsettled; then it is dropped (no more heartbeats: it expires, and the
+        cluster frees whatever it still counts)."""
+        if peer.peer_id not in self.peers:
+            return
+        if peer.unsettled:
+            del self.peers[peer.peer_id]
+        elif not peer.held:
             self._idle.append(peer)
 
     def restore(self, peer: Peer) -> dict:

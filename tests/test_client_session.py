@@ -56,3 +56,11 @@ def test_losing_the_leases_forgets_every_held_lock():
     session.acquired(peer, "A", 1, {"acquired": True, "token": 1})
     session.lost()
     assert session.restore(peer)["acquired"] == {}
+
+
+def test_a_peer_whose_release_is_unsettled_is_dropped_not_reused():
+    session = Session(expires_in=10)
+    peer = session.created(5)
+    peer.unsettled = True
+    session.put_back(peer)
+    assert session.idle_peer() is None and 5 not in session.peers
