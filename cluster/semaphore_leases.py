@@ -96,6 +96,8 @@ class SemaphoreLeases:
         milliseconds does), so fencing tokens never repeat."""
         self._config = dict(semaphores)
         self._semaphores = {name: _Semaphore(name, cfg, epoch) for name, cfg in semaphores.items()}
+        # The semaphores whose grace period runs: read on every wake-up, so not a scan of all.
+        self._in_grace: set[str] = set()
         self._events: list[LockGranted] = []
         # Restores that left a semaphore above its max (clients allowed it; operators watch it).
         self.restores_beyond_max = 0
@@ -200,6 +202,7 @@ class SemaphoreLeases:
         and any grant it missed. Waiters keep their order; their waiting starts `now`."""
         for name in self._semaphores:
             self._semaphores[name] = _Semaphore(name, self._config[name], 0)
+        self._in_grace.clear()
         self.merge(records, now, epoch, list(self._semaphores))
 
     def merge(
@@ -240,6 +243,7 @@ class SemaphoreLeases:
         for name in names:
             old = self._semaphores[name]
             sem = self._semaphores[name] = _Semaphore(name, self._config[name], 0)
+            self._in_grace.discard(name)
             sem.next_token = old.next_token
 
     def in_use(self, name: str) -> bool:
@@ -252,22 +256,22 @@ class SemaphoreLeases:
         arrival order meanwhile."""
         for name in self._semaphores if names is None else names:
             self._semaphores[name].grace_until = until
+            self._in_grace.add(name)
 
     @property
     def grace_until(self) -> float | None:
         """When the next grace period ends; None while none runs."""
-        ends = [s.grace_until for s in self._semaphores.values() if s.grace_until is not None]
-        return min(ends) if ends else None
+        return min((self._semaphores[n].grace_until for n in self._in_grace), default=None)
 
     def end_grace(self, now: float) -> bool:
         """End the grace periods whose time has come, granting the waiters that fit."""
-        ended = False
-        for sem in self._semaphores.values():
-            if sem.grace_until is not None and now >= sem.grace_until:
-                sem.grace_until = None
-                self._grant_waiters(sem)
-                ended = True
-        return ended
+        ended = [n for n in self._in_grace if now >= self._semaphores[n].grace_until]
+        for name in ended:
+            self._in_grace.discard(name)
+            sem = self._semaphores[name]
+            sem.grace_until = None
+            self._grant_waiters(sem)
+        return bool(ended)
 
     def token(self, peer_id: int, semaphore: str) -> int | None:
         """The fencing token of the peer's grant on `semaphore`; None unless it holds a lock."""

@@ -26,7 +26,7 @@ from .membership_actor import MembershipActor
 from .node_metrics import ClusterCollector, NodeMetrics
 from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
-from .semaphore_service import ClusterSemaphores, LocalSemaphores
+from .semaphore_service import ClusterSemaphores, LocalSemaphores, epoch_now
 from .wire import MAX_FRAME
 
 log = logging.getLogger("sluicegate.node")
@@ -46,7 +46,7 @@ async def run_node(
 ) -> None:
     """Serve until SIGTERM or SIGINT; `task_status.started` receives the bound URL."""
     # Fencing tokens continue above this node's previous life: its start time orders its lives.
-    actor = SemaphoreActor(SemaphoreCore(config.semaphores, epoch=time.time_ns() // 1_000_000))
+    actor = SemaphoreActor(SemaphoreCore(config.semaphores, epoch=epoch_now()))
     hypercorn = HypercornConfig()
     hypercorn.bind = [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"]
     hypercorn.graceful_timeout = GRACEFUL_TIMEOUT
@@ -151,7 +151,7 @@ async def join_cluster(
         node_id,
         config.semaphores,
         rng=rng,
-        epoch=time.time_ns() // 1_000_000,
+        epoch=epoch_now(),
         settle=cluster.down_after,
         takeover_grace=cluster.takeover_grace,
         cold_start_grace=cluster.cold_start_grace,

@@ -96,14 +96,14 @@ class WsConnection:
         return answered
 
     async def _serve(self, request: protocol.Request) -> None:
+        """A request for another node: forwarded, then answered like the rest."""
+        answered = self._answerer(request.request_id)
         try:
             result = await self._semaphores.call(request.op)
         except (SemaphoreError, Unavailable) as failure:
-            self._answer(protocol.domain_error(request.request_id, failure))
+            answered(None, failure)
         else:
-            self._answer(protocol.ok(request.request_id, result))
-        finally:
-            self._in_flight.release()
+            answered(result, None)
 
     def _answer(self, answer: dict) -> None:
         self._answers.append(answer)

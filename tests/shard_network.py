@@ -28,6 +28,8 @@ class ShardNetwork:
         self.generation_count = 0
         self.queues: dict[tuple[str, str], deque] = {}
         self.events: dict[str, list] = {}
+        # The sides of a partition (`partition`); empty while every link is up.
+        self.cut: list[list[str]] = []
         for node_id in node_ids:
             self.start(node_id)
         self.change_members(cold=True)
@@ -93,8 +95,6 @@ class ShardNetwork:
             if destination in self.nodes and not self._cut_between(node_id, destination):
                 self.queues.setdefault((node_id, destination), deque()).append(message)
         self.events[node_id].extend(node.events())
-
-    cut: list[list[str]] = []
 
     def _cut_between(self, a: str, b: str) -> bool:
         return bool(self.cut) and not any(a in side and b in side for side in self.cut)
