@@ -1,10 +1,16 @@
-"""The semaphore actor: one trio task owns the semaphore core, fed by a memory channel.
+"""The semaphore actor: one trio task owns the semaphore core's time and its mailbox.
 
-Every request carries its own reply slot. The task drains everything queued into one batch per
-wake-up, applies it in arrival order, and otherwise sleeps until the core's next deadline or the
-next blocked acquire runs out of patience. Acquires with `block_for` park here, in the actor, and
-are answered the moment their peer holds all its locks, fails (peer deleted or expired), or the
-time is up.
+Operations are applied in the task that asks, synchronously: trio runs synchronous code
+atomically between awaits, so no lock is needed and nothing can interleave, and a request is
+answered without waking another task (a WebSocket frame's requests are applied and answered in
+the task that read it). Each carries a callback that gets its answer. The actor's own task sleeps
+until the core's next deadline or the next parked acquire's, and takes messages from other
+nodes and control messages from its memory channel, draining what is queued into one batch per
+wake-up. After operations are applied elsewhere, it is told its next deadline (a cancel scope's,
+so without a wake-up).
+
+Acquires with `block_for` park here, in the actor, and are answered the moment their peer holds
+all its locks, fails (peer deleted or expired), or the time is up.
 
 The core is a `SemaphoreCore` on a single node, or a `ShardCore` in a cluster. Then messages from
 other nodes come in through `deliver`, the core's outbox goes out through `send` after every
@@ -41,28 +47,22 @@ Answered = Callable[[object, BaseException | None], None]
 
 
 class _Request:
-    __slots__ = ("op", "done", "result", "error", "undecided", "answered")
+    __slots__ = ("op", "answered", "finished", "undecided")
 
-    def __init__(self, op: Operation | None, answered: Answered | None = None) -> None:
+    def __init__(self, op: Operation, answered: Answered) -> None:
         self.op = op
+        self.answered = answered
+        self.finished = False
         # Parked only until the owner decides (no `block_for`): "queued" answers it.
         self.undecided = False
-        self.done = trio.Event()
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.answered = answered
 
     def succeed(self, result: object) -> None:
-        self.result = result
-        self.done.set()
-        if self.answered is not None:
-            self.answered(result, None)
+        self.finished = True
+        self.answered(result, None)
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-        if self.answered is not None:
-            self.answered(None, error)
+        self.finished = True
+        self.answered(None, error)
 
 
 class _StopBlocking:
@@ -104,6 +104,9 @@ class _Stats:
         self.result: list[SemaphoreStats] = []
 
 
+_Message = _Delivered | _MembersChanged | _StopBlocking | _Replicate | _Stats
+
+
 class SemaphoreActor:
     def __init__(
         self,
@@ -122,24 +125,35 @@ class SemaphoreActor:
         self._park_deadlines: list[tuple[float, int, _Request]] = []
         self._sequence = itertools.count()
         self._blocking = True
+        # The scope the actor sleeps in, while it sleeps (see `submit`).
+        self._sleep: trio.CancelScope | None = None
 
     async def call(self, op: Operation) -> object:
-        """Apply `op` in the actor and return its answer, raising its `SemaphoreError`."""
-        request = _Request(op)
-        await self._send.send(request)
-        await request.done.wait()
-        if request.error is not None:
-            raise request.error
-        return request.result
+        """Apply `op` and return its answer (once decided), raising its `SemaphoreError`."""
+        done = trio.Event()
+        outcome: list = []
 
-    async def submit(self, op: Operation, answered: Answered) -> None:
-        """Queue `op` without waiting for it: `answered` is called, in the actor's task, with
-        its result or its `SemaphoreError` (the WebSocket shell answers many requests so)."""
-        request = _Request(op, answered)
-        try:
-            self._send.send_nowait(request)
-        except trio.WouldBlock:
-            await self._send.send(request)
+        def answered(result: object, error: BaseException | None) -> None:
+            outcome.append((result, error))
+            done.set()
+
+        self.submit([(op, answered)])
+        await done.wait()
+        result, error = outcome[0]
+        if error is not None:
+            raise error
+        return result
+
+    def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
+        """Apply each operation now, in order; each callback gets its result or its
+        `SemaphoreError`, now or (a parked acquire) later, from the actor's task."""
+        now = self._clock()
+        self._expire(now)
+        for op, answered in requests:
+            self._apply(_Request(op, answered), now)
+        self._flush_outbox()
+        if self._sleep is not None:
+            self._sleep.deadline = self._next_wakeup()
 
     async def stats(self) -> list[SemaphoreStats]:
         message = _Stats()
@@ -189,12 +203,15 @@ class SemaphoreActor:
         inbox = self._inbox
         while True:
             batch = []
-            with trio.move_on_at(self._next_wakeup()):
-                try:
+            try:
+                with trio.move_on_at(self._next_wakeup()) as self._sleep:
                     batch.append(await inbox.receive())
-                except trio.EndOfChannel:
-                    self._answer_all_parked()
-                    return
+            except trio.EndOfChannel:
+                self._blocking = False
+                self._answer_all_parked()
+                return
+            finally:
+                self._sleep = None
             while True:
                 try:
                     batch.append(inbox.receive_nowait())
@@ -211,7 +228,7 @@ class SemaphoreActor:
     def _next_wakeup(self) -> float:
         deadline = self._core.next_deadline()
         deadlines = self._park_deadlines
-        while deadlines and deadlines[0][2].done.is_set():
+        while deadlines and deadlines[0][2].finished:
             heapq.heappop(deadlines)
         if deadlines:
             deadline = deadlines[0][0] if deadline is None else min(deadline, deadlines[0][0])
@@ -225,16 +242,12 @@ class SemaphoreActor:
         deadlines = self._park_deadlines
         while deadlines and deadlines[0][0] <= now:
             _, _, request = heapq.heappop(deadlines)
-            if not request.done.is_set():
+            if not request.finished:
                 # Out of patience: the lock stays pending, the answer is "not yet".
                 self._unpark(request)
                 request.succeed(NOT_YET)
 
-    def _handle(
-        self,
-        message: _Request | _Delivered | _MembersChanged | _StopBlocking | _Replicate | _Stats,
-        now: float,
-    ) -> None:
+    def _handle(self, message: _Message, now: float) -> None:
         if isinstance(message, _Delivered):
             self._core.on_message(message.sender, message.message, now)
             self._dispatch_events()
@@ -244,39 +257,34 @@ class SemaphoreActor:
                 message.members, now, message.epoch, message.cold, message.majority
             )
             self._dispatch_events()
-            message.done.set()
-            return
-        if isinstance(message, _Stats):
+        elif isinstance(message, _Stats):
             message.result = self._core.stats(now)
-            message.done.set()
-            return
-        if isinstance(message, _Replicate):
+        elif isinstance(message, _Replicate):
             self._core.replicate(now)
             self._flush_outbox()
-            message.done.set()
-            return
-        if isinstance(message, _StopBlocking):
+        elif isinstance(message, _StopBlocking):
             self._blocking = False
             self._answer_all_parked()
-            message.done.set()
-            return
-        op = message.op
+        message.done.set()
+
+    def _apply(self, request: _Request, now: float) -> None:
+        op = request.op
         try:
             result = apply(self._core, op, now, self._rng)
         except SemaphoreError as error:
-            message.fail(error)
+            request.fail(error)
         else:
             if not isinstance(op, Acquire):
-                message.succeed(result)
+                request.succeed(result)
             elif result:
-                message.succeed(self._granted(op))
+                request.succeed(self._granted(op))
             elif op.block_for and op.block_for > 0 and self._blocking:
-                self._park(message, now + op.block_for)
+                self._park(request, now + op.block_for)
             elif result is None and self._blocking:
-                message.undecided = True
-                self._park(message, now + DECISION_TIMEOUT)
+                request.undecided = True
+                self._park(request, now + DECISION_TIMEOUT)
             else:
-                message.succeed(NOT_YET)
+                request.succeed(NOT_YET)
             if isinstance(op, Restore):
                 # Throttle warns about revenants too: frequent ones mean expiries are too short.
                 log.warning(

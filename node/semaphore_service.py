@@ -70,10 +70,12 @@ class LocalSemaphores:
     async def call(self, op: Operation) -> object:
         return await self._actor.call(op)
 
-    async def submit(self, op: Operation, answered: Answered) -> bool:
-        """Queue `op`; `answered` gets its outcome. Always taken here: nothing is elsewhere."""
-        await self._actor.submit(op, answered)
+    def serves_here(self, op: Operation) -> bool:
         return True
+
+    def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
+        """Apply operations now, each callback getting its outcome (`SemaphoreActor.submit`)."""
+        self._actor.submit(requests)
 
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
@@ -141,22 +143,17 @@ class ClusterSemaphores:
         except NotServing as error:
             raise Unavailable(error.reason) from None
 
-    async def submit(self, op: Operation, answered: Answered) -> bool:
-        """Queue `op` if this node serves it, `answered` getting its outcome; False if it
-        belongs elsewhere (then `call` it)."""
+    def serves_here(self, op: Operation) -> bool:
+        """Is `op` served by this node's own actor (else `call` forwards it)?"""
         if not self._members_known or isinstance(op, ListPeers):
             return False
         target = self._target(op)
-        if target is not None and target != self._membership.node_id:
-            return False
+        return target is None or target == self._membership.node_id
 
-        def translated(result: object, error: BaseException | None) -> None:
-            if isinstance(error, NotServing):
-                error = Unavailable(error.reason)
-            answered(result, error)
-
-        await self._actor.submit(op, translated)
-        return True
+    def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
+        """Apply operations this node serves now, each callback getting its outcome; a
+        `NotServing` error means 503 (`SemaphoreActor.submit`)."""
+        self._actor.submit(requests)
 
     async def serve(self, op: Operation) -> object:
         """Run `op` here, for another node (its core refuses what is not served here)."""

@@ -1,11 +1,12 @@
 """One `/ws` connection: the hello, then requests in and answers out, batched both ways.
 
-Requests this node serves are queued at its semaphore actor straight from the frame, each
-answered by a callback when it is done, so a waiting acquire never holds up the ones behind it;
-requests that belong to other nodes run as tasks that forward them. Answers go out as they come:
-whatever is ready when the sender wakes leaves in one frame. At most `MAX_IN_FLIGHT` requests of
-one connection run at once; beyond that the connection is not read until some finish, so a flood
-slows its sender down (TCP pushes back) and nobody else.
+The requests of a frame that this node serves are applied at once, in the task that read the
+frame, and their answers leave in one frame from that task: no other task wakes on the way. A
+waiting acquire is answered later, by a callback, and requests that belong to other nodes run as
+tasks that forward them; those answers leave from a sender task, whatever is ready when it wakes
+in one frame. At most `MAX_IN_FLIGHT` requests of one connection run at once; beyond that the
+connection is not read until some finish, so a flood slows its sender down (TCP pushes back) and
+nobody else.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class WsConnection:
         self._idle_timeout = idle_timeout
         self._answers: list[dict] = []
         self._answers_ready = trio.Event()
+        # While a frame is applied, its answers wait for the end of the frame.
+        self._applying = False
+        self._sending = False
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
 
     async def run(self) -> None:
@@ -72,18 +76,38 @@ class WsConnection:
                 if self._in_flight.value < MAX_IN_FLIGHT:
                     continue  # waiting acquires keep a connection busy
                 raise protocol.ProtocolViolation(protocol.CLOSE_IDLE, "idle timeout")
-            for item in protocol.decode(frame, expect_hello=False):
-                if isinstance(item, protocol.Rejected):
-                    self._answer(protocol.error(item.request_id, item.code, item.message))
-                    continue
-                try:
-                    # No checkpoint while there is room: the whole frame reaches the actor
-                    # before it runs, and its answers leave in one frame.
-                    self._in_flight.acquire_nowait()
-                except trio.WouldBlock:
-                    await self._in_flight.acquire()
-                if not await self._semaphores.submit(item.op, self._answerer(item.request_id)):
-                    nursery.start_soon(self._serve, item)
+            await self._run_frame(protocol.decode(frame, expect_hello=False), nursery)
+
+    async def _run_frame(
+        self, requests: list[protocol.Request | protocol.Rejected], nursery: trio.Nursery
+    ) -> None:
+        here: list = []
+        for item in requests:
+            if isinstance(item, protocol.Rejected):
+                self._answers.append(protocol.error(item.request_id, item.code, item.message))
+                continue
+            try:
+                self._in_flight.acquire_nowait()
+            except trio.WouldBlock:
+                self._apply(here)
+                here = []
+                await self._in_flight.acquire()
+            if self._semaphores.serves_here(item.op):
+                here.append((item.op, self._answerer(item.request_id)))
+            else:
+                nursery.start_soon(self._serve, item)
+        self._apply(here)
+        if not self._sending:
+            await self._send_answers_now()
+
+    def _apply(self, requests: list) -> None:
+        if not requests:
+            return
+        self._applying = True
+        try:
+            self._semaphores.submit(requests)
+        finally:
+            self._applying = False
 
     def _answerer(self, request_id: int):
         def answered(result: object, failure: BaseException | None) -> None:
@@ -107,14 +131,26 @@ class WsConnection:
 
     def _answer(self, answer: dict) -> None:
         self._answers.append(answer)
-        self._answers_ready.set()
+        if not self._applying:
+            self._answers_ready.set()
 
     async def _send_answers(self) -> None:
+        """Answers that come later (granted waits, forwarded requests)."""
         while True:
             await self._answers_ready.wait()
             self._answers_ready = trio.Event()
-            answers, self._answers = self._answers, []
-            await self._ws.send_message(protocol.encode_answers(answers))
+            if not self._sending:
+                await self._send_answers_now()
+
+    async def _send_answers_now(self) -> None:
+        """Send what is ready, and what gets ready meanwhile (then nobody else sends)."""
+        self._sending = True
+        try:
+            while self._answers:
+                answers, self._answers = self._answers, []
+                await self._ws.send_message(protocol.encode_answers(answers))
+        finally:
+            self._sending = False
 
     async def _close(self, code: int, reason: str) -> None:
         try:
