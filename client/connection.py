@@ -1,10 +1,14 @@
 """One WebSocket to one node: requests go out batched, answers come back to whoever asked.
 
-Requests queued while a frame is being sent leave together in the next frame, so many tasks
-calling at once share frames (and round trips) without waiting for each other.
+A request made while nothing else is in flight goes out at once, from the task that makes it.
+Otherwise it is queued, and a sender task sends everything queued in one frame, so many tasks
+calling at once share frames (and round trips) without waiting for each other: the tasks that
+one answer frame wakes run before the sender does, and their next requests leave together.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import msgpack
 import trio
@@ -14,6 +18,11 @@ from .session import error_from
 
 PROTOCOL_VERSION = 1
 CONNECT_TIMEOUT = 5.0
+# A batch this big, sent while nothing else is in flight, goes out as two frames (see `_send`).
+SPLIT_AT = 32
+
+
+_BROKEN = (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class ConnectionLost(Exception):
@@ -21,23 +30,37 @@ class ConnectionLost(Exception):
 
 
 class _Slot:
-    __slots__ = ("done", "answer")
+    __slots__ = ("request_id", "answer", "wake")
 
-    def __init__(self) -> None:
-        self.done = trio.Event()
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
         self.answer: dict | None = None
+        # Set when the answer came, or when this caller is to read the socket for everyone.
+        self.wake: trio.Event | None = None
 
 
 class Connection:
+    """Whoever waits for an answer reads the socket, one caller at a time: when the reader's
+    own answer comes, it hands reading over to another waiting caller. So the answer to a lone
+    request wakes only its caller, and an answer frame wakes the callers it answers."""
+
     def __init__(self, ws, node: str) -> None:
         self._ws = ws
         self.node = node
         self._outbox: list[dict] = []
         self._ready = trio.Event()
+        self._sending = False
         self._waiting: dict[int, _Slot] = {}
-        self.closed = False
+        self._reading = False
+        # Callers asleep while another reads, the longest asleep first (some may be answered).
+        self._sleepers: deque[_Slot] = deque()
+        self._broken = False
         self.frames_sent = 0
         self.requests_sent = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._broken or self._ws.closed is not None
 
     @classmethod
     async def open(cls, nursery: trio.Nursery, url: str) -> Connection:
@@ -50,20 +73,34 @@ class Connection:
         except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError) as error:
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
         connection = cls(ws, welcome.get("node", url))
-        nursery.start_soon(connection._run)
+        nursery.start_soon(connection._send_loop)
         return connection
 
     async def call(self, request: dict) -> object:
         """Send `request` and wait for its answer; its result, or the error it carries."""
         if self.closed:
             raise ConnectionLost("the connection is closed")
-        slot = self._waiting[request["id"]] = _Slot()
+        slot = self._waiting[request["id"]] = _Slot(request["id"])
         self._outbox.append(request)
-        self._ready.set()
         try:
-            await slot.done.wait()
+            if len(self._waiting) == 1 and not self._sending:
+                # Alone: no frame to share, so no reason to wake the sender.
+                with trio.CancelScope(shield=True):  # never half a frame on the wire
+                    await self._send()
+            else:
+                self._ready.set()
+            while slot.answer is None and not self._broken:
+                if self._reading:
+                    slot.wake = trio.Event()
+                    self._sleepers.append(slot)
+                    await slot.wake.wait()
+                else:
+                    await self._read_until(slot)
         finally:
-            self._waiting.pop(request["id"], None)
+            del self._waiting[request["id"]]
+            if not self._reading:
+                # This caller may have been handed reading just as it was cancelled.
+                self._hand_over_reading()
         if slot.answer is None:
             raise ConnectionLost(f"the connection to {self.node} broke")
         if "error" in slot.answer:
@@ -74,38 +111,66 @@ class Connection:
         self._fail_all()
         await self._ws.aclose()
 
-    async def _run(self) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send_loop)
-                await self._receive_loop()
-                nursery.cancel_scope.cancel()
-        except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            self._fail_all()
-
     async def _send_loop(self) -> None:
-        while True:
+        while not self._broken:
             await self._ready.wait()
-            # Let every task that is ready to run queue its request first: they share the frame.
-            await trio.sleep(0)
             self._ready = trio.Event()
-            batch, self._outbox = self._outbox, []
-            await self._ws.send_message(msgpack.packb(batch))
-            self.frames_sent += 1
-            self.requests_sent += len(batch)
+            if not self._sending:
+                await self._send()
 
-    async def _receive_loop(self) -> None:
-        while True:
-            frame = await self._ws.get_message()
-            for answer in msgpack.unpackb(frame, strict_map_key=False):
-                slot = self._waiting.get(answer.get("id"))
-                if slot is not None:
-                    slot.answer = answer
-                    slot.done.set()
+    async def _send(self) -> None:
+        """Send what is queued, and what gets queued meanwhile.
+
+        A big batch with nothing else in flight leaves as two frames: the node answers each
+        frame as a whole, so while it works on the second this side handles the first's
+        answers, and the two halves stay apart in later rounds. One frame would keep both sides
+        taking turns, each idle half the time."""
+        self._sending = True
+        try:
+            while self._outbox:
+                batch, self._outbox = self._outbox, []
+                frames = [batch]
+                if len(batch) >= SPLIT_AT and len(self._waiting) == len(batch):
+                    half = len(batch) // 2
+                    frames = [batch[:half], batch[half:]]
+                for frame in frames:
+                    await self._ws.send_message(msgpack.packb(frame))
+                    self.frames_sent += 1
+                    self.requests_sent += len(frame)
+        except _BROKEN:
+            self._fail_all()
+        finally:
+            self._sending = False
+
+    async def _read_until(self, slot: _Slot) -> None:
+        """Read answer frames, waking whoever they answer, until `slot` is answered."""
+        self._reading = True
+        try:
+            while slot.answer is None:
+                frame = await self._ws.get_message()
+                for answer in msgpack.unpackb(frame, strict_map_key=False):
+                    waiting = self._waiting.get(answer.get("id"))
+                    if waiting is not None:
+                        waiting.answer = answer
+                        if waiting.wake is not None:
+                            waiting.wake.set()
+        except _BROKEN:
+            self._fail_all()
+        finally:
+            self._reading = False
+            self._hand_over_reading()
+
+    def _hand_over_reading(self) -> None:
+        """Wake the caller asleep the longest that still waits: it reads next."""
+        while self._sleepers:
+            slot = self._sleepers.popleft()
+            if slot.answer is None and self._waiting.get(slot.request_id) is slot:
+                slot.wake.set()
+                return
 
     def _fail_all(self) -> None:
-        self.closed = True
+        self._broken = True
+        self._ready.set()
         for slot in self._waiting.values():
-            slot.done.set()
+            if slot.wake is not None:
+                slot.wake.set()
