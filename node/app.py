@@ -1,4 +1,4 @@
-"""The node's one ASGI application (served by hypercorn's trio worker on the node's one port).
+"""The node's one ASGI application (served by hypercorn on the node's one port, node/listener.py).
 
 HTTP requests go to the Throttle API. WebSocket connections to `/ws` speak our own protocol
 (docs/protocol.md); those to `/cluster` are node links, served only when the node is part of a
@@ -7,11 +7,11 @@ cluster; every other WebSocket is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
-from .links import Links
+from .links import Links, MessageConnection
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 from .ws_shell import WsConnection
 
@@ -40,25 +40,28 @@ class NodeApp:
             response = await handle(self.router, request)
             await _send(send, response, head=request.method == "HEAD")
         elif scope["type"] == "websocket":
-            path = scope["path"]
-            if path not in ("/ws", "/cluster") or path == "/cluster" and self.links is None:
+            # Reached only by a handshake on a kept-alive HTTP connection: the rest go straight
+            # to `websocket_route` (node/listener.py).
+            route = self.websocket_route(scope["path"])
+            if route is None:
                 await send({"type": "websocket.close", "code": 1008})
                 return
             websocket = AsgiWebSocket(receive, send)
             if await websocket.accept():
-                if path == "/ws":
-                    await WsConnection(websocket, self.throttle.semaphores, self.node_id).run()
-                else:
-                    await self.links.accept(websocket)
+                await route(websocket)
                 await websocket.aclose()
-        elif scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+
+    def websocket_route(self, path: str) -> Callable[[MessageConnection], Awaitable[None]] | None:
+        """What serves a WebSocket to `path`: `/ws` clients, and `/cluster` node links in a
+        cluster; None for anything else."""
+        if path == "/ws":
+            return self._serve_client
+        if path == "/cluster" and self.links is not None:
+            return self.links.accept
+        return None
+
+    async def _serve_client(self, websocket: MessageConnection) -> None:
+        await WsConnection(websocket, self.throttle.semaphores, self.node_id).run()
 
 
 async def _send(send, response: Response, head: bool) -> None:

@@ -11,7 +11,6 @@ import time
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 
 from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.semaphores import SemaphoreCore
@@ -22,6 +21,7 @@ from .app import NodeApp
 from .config import NodeConfig
 from .link_codec import LINK_CODEC
 from .links import Links, websocket_dialer
+from .listener import serve
 from .membership_actor import MembershipActor
 from .node_metrics import ClusterCollector, NodeMetrics
 from .rpc import Call, Failure, Reply, Rpc
@@ -84,7 +84,11 @@ async def run_node(
         async with trio.open_nursery() as http:
             binds = await http.start(
                 lambda task_status: serve(
-                    app, hypercorn, shutdown_trigger=stopping.wait, task_status=task_status
+                    app,
+                    hypercorn,
+                    app.websocket_route,
+                    shutdown_trigger=stopping.wait,
+                    task_status=task_status,
                 )
             )
             url = binds[0]
