@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -36,7 +35,7 @@ BACKOFF_MAX = 2.0
 CALL_PATIENCE = 30.0
 
 
-@dataclass
+@dataclass(eq=False)
 class Lease:
     """A held lock. `lost` turns True if the client could not keep it (see the module doc)."""
 
@@ -73,7 +72,7 @@ class Client:
         self._session = Session(expires_in)
         self._connection: Connection | None = None
         self._connecting = trio.Lock()
-        self._leases: list[Lease] = []
+        self._leases: set[Lease] = set()
         self._nursery: trio.Nursery | None = None
         self._rng = random.Random()
         # The peer of the current task's outermost lock (contexts are per task in trio).
@@ -115,31 +114,11 @@ class Client:
 
     # -- the API -----------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def lock(
-        self, semaphore: str, count: int = 1, timeout: float | None = None
-    ) -> AsyncIterator[Lease]:
-        """Hold `count` of `semaphore` for the body; wait at most `timeout` seconds for it
-        (forever if None). Locks nested in one task must go down in level, as on HTTP."""
-        peer = self._task_peer.get()
-        outermost = peer is None
-        if outermost:
-            peer = await self._take_peer()
-        context = self._task_peer.set(peer)
-        try:
-            lease = await self._acquire(peer, semaphore, count, timeout)
-            try:
-                with trio.CancelScope() as scope:
-                    lease._scope = scope
-                    yield lease
-            finally:
-                await self._let_go(peer, semaphore, lease)
-            if lease.lost:
-                raise LeaseLost(f"the lease on {semaphore!r} was lost: its peer expired")
-        finally:
-            self._task_peer.reset(context)
-            if outermost:
-                await self._put_back(peer)
+    def lock(self, semaphore: str, count: int = 1, timeout: float | None = None) -> Locking:
+        """Hold `count` of `semaphore` for the body of `async with`; wait at most `timeout`
+        seconds for it (forever if None). Locks nested in one task must go down in level, as on
+        HTTP."""
+        return Locking(self, semaphore, count, timeout)
 
     async def remainder(self, semaphore: str) -> int:
         return await self._call(lambda: self._session.request("remainder", semaphore=semaphore))
@@ -156,7 +135,7 @@ class Client:
         is cancelled meanwhile, or no node answers, the release may not have happened, so the
         peer stays marked unsettled and is dropped rather than reused (its expiry frees it)."""
         lease._scope = None
-        self._leases.remove(lease)
+        self._leases.discard(lease)
         self._session.released(peer, semaphore)
         peer.unsettled = True
         try:
@@ -182,7 +161,7 @@ class Client:
             )
             if self._session.acquired(peer, semaphore, count, result):
                 lease = Lease(semaphore, count, peer.held[semaphore].token)
-                self._leases.append(lease)
+                self._leases.add(lease)
                 return lease
             if trio.current_time() >= deadline:
                 with trio.CancelScope(shield=True):
@@ -201,27 +180,37 @@ class Client:
         connection breaks, restore `peer` when a node forgot it, retry while the cluster is
         unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent, so a
         retry after a broken connection is safe."""
+        connection = self._connection
+        if connection is None or connection.closed:
+            return await self._call_patiently(build, peer, None)
+        try:
+            return await connection.call(build())
+        except (ConnectionLost, UnknownPeer, Unavailable) as failure:
+            return await self._call_patiently(build, peer, failure)
+
+    async def _call_patiently(
+        self, build: Callable[[], dict], peer: Peer | None, failure: Exception | None
+    ) -> object:
+        """`_call` after its first try, which failed with `failure` (None: not made)."""
         give_up = trio.current_time() + CALL_PATIENCE
         backoff = BACKOFF_FIRST
         restored = False
         while True:
+            if isinstance(failure, UnknownPeer):
+                if restored or peer is None:
+                    raise failure
+                restored = True
+                await self._restore(peer)
+            elif failure is not None:
+                if trio.current_time() >= give_up:
+                    raise Unavailable("no node could serve the request")
+                await trio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, BACKOFF_MAX)
             try:
                 connection = await self._connected(give_up)
                 return await connection.call(build())
-            except ConnectionLost:
-                pass
-            except UnknownPeer:
-                if restored or peer is None:
-                    raise
-                restored = True
-                await self._restore(peer)
-                continue
-            except Unavailable:
-                pass
-            if trio.current_time() >= give_up:
-                raise Unavailable("no node could serve the request")
-            await trio.sleep(backoff * (0.5 + self._rng.random()))
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            except (ConnectionLost, UnknownPeer, Unavailable) as error:
+                failure = error
 
     async def _restore(self, peer: Peer) -> None:
         await self._call(lambda: self._session.restore(peer))
@@ -287,3 +276,64 @@ class Client:
             await call(request)
         except (ConnectionLost, UnknownPeer, Unavailable):
             pass
+
+
+class Locking:
+    """`async with client.lock(...) as lease:` (a class rather than a generator: this is the
+    hot path of every lock)."""
+
+    __slots__ = (
+        "_client",
+        "_semaphore",
+        "_count",
+        "_timeout",
+        "_peer",
+        "_outer",
+        "_context",
+        "_lease",
+    )
+
+    def __init__(self, client: Client, semaphore: str, count: int, timeout: float | None) -> None:
+        self._client = client
+        self._semaphore = semaphore
+        self._count = count
+        self._timeout = timeout
+
+    async def __aenter__(self) -> Lease:
+        client = self._client
+        peer = client._task_peer.get()
+        # The task's outermost lock takes a peer; the nested ones share it.
+        self._outer = peer is None
+        if self._outer:
+            peer = await client._take_peer()
+        self._peer = peer
+        self._context = client._task_peer.set(peer)
+        try:
+            lease = await client._acquire(peer, self._semaphore, self._count, self._timeout)
+        except BaseException:
+            await self._leave()
+            raise
+        # A lost lease cancels the body through this scope.
+        lease._scope = trio.CancelScope()
+        lease._scope.__enter__()
+        self._lease = lease
+        return lease
+
+    async def __aexit__(self, etype, exc, tb) -> bool:
+        lease = self._lease
+        try:
+            # True if the scope swallowed the cancellation it raised itself: the lease was lost.
+            swallowed = lease._scope.__exit__(etype, exc, tb)
+        finally:
+            try:
+                await self._client._let_go(self._peer, self._semaphore, lease)
+            finally:
+                await self._leave()
+        if lease.lost and (etype is None or swallowed):
+            raise LeaseLost(f"the lease on {self._semaphore!r} was lost: its peer expired")
+        return swallowed
+
+    async def _leave(self) -> None:
+        self._client._task_peer.reset(self._context)
+        if self._outer:
+            await self._client._put_back(self._peer)

@@ -44,8 +44,9 @@ class Connection:
     own answer comes, it hands reading over to another waiting caller. So the answer to a lone
     request wakes only its caller, and an answer frame wakes the callers it answers."""
 
-    def __init__(self, ws, node: str) -> None:
+    def __init__(self, ws, node: str, nursery: trio.Nursery) -> None:
         self._ws = ws
+        self._nursery = nursery
         self.node = node
         self._outbox: list[dict] = []
         self._ready = trio.Event()
@@ -72,7 +73,7 @@ class Connection:
                 welcome = msgpack.unpackb(await ws.get_message())
         except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError) as error:
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
-        connection = cls(ws, welcome.get("node", url))
+        connection = cls(ws, welcome.get("node", url), nursery)
         nursery.start_soon(connection._send_loop)
         return connection
 
@@ -85,8 +86,7 @@ class Connection:
         try:
             if len(self._waiting) == 1 and not self._sending:
                 # Alone: no frame to share, so no reason to wake the sender.
-                with trio.CancelScope(shield=True):  # never half a frame on the wire
-                    await self._send()
+                await self._send_alone()
             else:
                 self._ready.set()
             while slot.answer is None and not self._broken:
@@ -141,6 +141,19 @@ class Connection:
             self._fail_all()
         finally:
             self._sending = False
+
+    async def _send_alone(self) -> None:
+        """`_send` from a caller's task, which may be cancelled. A cancel already pending leaves
+        before anything is sent; one that comes while the socket is full may leave half a
+        frame on the wire, so then the connection is dropped (the client makes another). A
+        shielding cancel scope would cost more than the rest of a call."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            await self._send()
+        except trio.Cancelled:
+            self._fail_all()
+            self._nursery.start_soon(trio.aclose_forcefully, self._ws)
+            raise
 
     async def _read_until(self, slot: _Slot) -> None:
         """Read answer frames, waking whoever they answer, until `slot` is answered."""

@@ -113,13 +113,11 @@ class SemaphoreActor:
         core: SemaphoreCore | ShardCore,
         *,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = trio.current_time,
         send: Callable[[str, object], None] | None = None,
     ) -> None:
         self._core = core
         self._send_out = send
         self._rng = rng if rng is not None else random.Random()
-        self._clock = clock
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
         self._parked: dict[int, list[_Request]] = {}
         self._park_deadlines: list[tuple[float, int, _Request]] = []
@@ -147,13 +145,18 @@ class SemaphoreActor:
     def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
         """Apply each operation now, in order; each callback gets its result or its
         `SemaphoreError`, now or (a parked acquire) later, from the actor's task."""
-        now = self._clock()
-        self._expire(now)
+        now = trio.current_time()
+        sleep = self._sleep
+        # While the actor sleeps, nothing is due before its wake-up.
+        if sleep is None or now >= sleep.deadline:
+            self._expire(now)
         for op, answered in requests:
             self._apply(_Request(op, answered), now)
         self._flush_outbox()
-        if self._sleep is not None:
-            self._sleep.deadline = self._next_wakeup()
+        if sleep is not None:
+            wakeup = self._next_wakeup()
+            if wakeup != sleep.deadline:
+                sleep.deadline = wakeup
 
     async def stats(self) -> list[SemaphoreStats]:
         message = _Stats()
@@ -217,7 +220,7 @@ class SemaphoreActor:
                     batch.append(inbox.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            now = self._clock()
+            now = trio.current_time()
             self._expire(now)
             for message in batch:
                 self._handle(message, now)

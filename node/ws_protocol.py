@@ -73,6 +73,9 @@ class _BadRequest(Exception):
     pass
 
 
+_MISSING = object()
+
+
 def decode(frame: bytes | str, expect_hello: bool) -> dict | list[Request | Rejected]:
     """Decode one client frame: the hello (a map) first, then arrays of requests."""
     if isinstance(frame, str):
@@ -180,16 +183,18 @@ def _request(item: object) -> Request | Rejected:
 
 
 def _field(item: dict, name: str, kind: type, default: object = ...) -> object:
-    if name not in item:
+    value = item.get(name, _MISSING)
+    if type(value) is kind:  # the usual case, first (and bool is not int here)
+        return value
+    if value is _MISSING:
         if default is ...:
             raise _BadRequest(f"missing field {name!r}")
         return default
-    value = item[name]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise _BadRequest(f"field {name!r} must be {kind.__name__}")
-    return value
+    if kind is float and type(value) is int:
+        return float(value)
+    if kind is dict and isinstance(value, dict):
+        return value
+    raise _BadRequest(f"field {name!r} must be {kind.__name__}")
 
 
 def _peer(item: dict) -> int:
