@@ -23,16 +23,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .connection import Connection, ConnectionLost
+from .connection import Connection
+from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
 from .session import LeaseLost, LockTimeout, Peer, Session, Unavailable, UnknownPeer
 
 DEFAULT_EXPIRES_IN = 30.0
 # Waits longer than this are split, so a lost connection is noticed and the wait resumed.
 WAIT_SLICE = 20.0
-BACKOFF_FIRST = 0.05
-BACKOFF_MAX = 2.0
-# How long a call keeps trying nodes before it gives up with `Unavailable`.
-CALL_PATIENCE = 30.0
 
 
 @dataclass(eq=False)
@@ -67,14 +64,13 @@ def _ws_url(url: str) -> str:
 
 class Client:
     def __init__(self, urls: list[str], *, expires_in: float) -> None:
-        self._urls = urls
-        self._next_url = 0
         self._session = Session(expires_in)
         self._connection: Connection | None = None
         self._connecting = trio.Lock()
         self._leases: set[Lease] = set()
         self._nursery: trio.Nursery | None = None
         self._rng = random.Random()
+        self._nodes = NodeChoice(urls, self._rng)
         # The peer of the current task's outermost lock (contexts are per task in trio).
         self._task_peer: ContextVar[Peer | None] = ContextVar("sluicegate_peer", default=None)
 
@@ -192,22 +188,18 @@ class Client:
         self, build: Callable[[], dict], peer: Peer | None, failure: Exception | None
     ) -> object:
         """`_call` after its first try, which failed with `failure` (None: not made)."""
-        give_up = trio.current_time() + CALL_PATIENCE
-        backoff = BACKOFF_FIRST
-        restored = False
+        recovery = CallRecovery(trio.current_time(), self._rng, has_peer=peer is not None)
         while True:
-            if isinstance(failure, UnknownPeer):
-                if restored or peer is None:
-                    raise failure
-                restored = True
-                await self._restore(peer)
-            elif failure is not None:
-                if trio.current_time() >= give_up:
-                    raise Unavailable("no node could serve the request")
-                await trio.sleep(backoff * (0.5 + self._rng.random()))
-                backoff = min(backoff * 2, BACKOFF_MAX)
+            if failure is not None:
+                decision = recovery.after(failure, trio.current_time())
+                if isinstance(decision, GiveUp):
+                    raise decision.error
+                if isinstance(decision, RestorePeer):
+                    await self._restore(peer)
+                else:
+                    await trio.sleep(decision.wait)
             try:
-                connection = await self._connected(give_up)
+                connection = await self._connected(recovery.give_up_at)
                 return await connection.call(build())
             except (ConnectionLost, UnknownPeer, Unavailable) as error:
                 failure = error
@@ -215,26 +207,24 @@ class Client:
     async def _restore(self, peer: Peer) -> None:
         await self._call(lambda: self._session.restore(peer))
 
-    async def _connected(self, give_up: float) -> Connection:
+    async def _connected(self, give_up_at: float) -> Connection:
         connection = self._connection
         if connection is not None and not connection.closed:
             return connection
         async with self._connecting:
             if self._connection is not None and not self._connection.closed:
                 return self._connection
-            backoff = BACKOFF_FIRST
             while True:
-                for _ in range(len(self._urls)):
-                    url = self._urls[self._next_url]
-                    try:
-                        self._connection = await Connection.open(self._nursery, url)
-                        return self._connection
-                    except ConnectionLost:
-                        self._next_url = (self._next_url + 1) % len(self._urls)
-                if trio.current_time() >= give_up:
-                    raise Unavailable(f"no node answers at {', '.join(self._urls)}")
-                await trio.sleep(backoff * (0.5 + self._rng.random()))
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                try:
+                    self._connection = await Connection.open(self._nursery, self._nodes.url)
+                except ConnectionLost:
+                    decision = self._nodes.failed(trio.current_time(), give_up_at)
+                    if isinstance(decision, GiveUp):
+                        raise decision.error from None
+                    await trio.sleep(decision.wait)
+                else:
+                    self._nodes.connected()
+                    return self._connection
 
     async def _heartbeats(self) -> None:
         """Every peer heartbeats at a third of its expiry (all in one frame)."""

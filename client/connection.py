@@ -14,6 +14,7 @@ import msgpack
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
 
+from .recovery import ConnectionLost
 from .session import error_from
 
 PROTOCOL_VERSION = 1
@@ -23,10 +24,6 @@ SPLIT_AT = 32
 
 
 _BROKEN = (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError)
-
-
-class ConnectionLost(Exception):
-    """The connection broke before the answer came; the request may or may not have run."""
 
 
 class _Slot:

@@ -9,8 +9,10 @@ import time
 
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from sluicegate import client as sg
+from sluicegate.client.connection import Connection
 
 from .conftest import NODE_CONFIG
 from .nodes import NodeProcess
@@ -115,6 +117,53 @@ async def test_concurrent_requests_of_one_client_share_frames(node):
                     nursery.start_soon(ask)
             assert results == [5] * 200
             assert client.connection.frames_sent - frames_before <= 20  # not one frame each
+
+
+async def test_callers_take_turns_reading_even_when_the_reader_is_cancelled(node, nursery):
+    """Whoever waits reads the socket for everyone; a reader cancelled mid-wait hands reading
+    over, so the callers still waiting get their answers."""
+    with trio.fail_after(TIMEOUT):
+        connection = await Connection.open(nursery, node.url.replace("http", "ws") + "/ws")
+        ids = iter(range(1, 1000))
+
+        async def call(**request) -> object:
+            return await connection.call({"id": next(ids), **request})
+
+        holder, reader, sleeper = [await call(op="new_peer", expires_in=60) for _ in range(3)]
+        await call(op="acquire", peer=holder, semaphore="B")  # level 1, then level 0
+        await call(op="acquire", peer=holder, semaphore="A")
+        waiting = trio.CancelScope()
+        answers = []
+
+        async def wait_as_reader() -> None:
+            with waiting:
+                await call(op="acquire", peer=reader, semaphore="A", wait=30)
+
+        async def wait_as_sleeper() -> None:
+            answers.append(await call(op="acquire", peer=sleeper, semaphore="B", wait=30))
+
+        nursery.start_soon(wait_as_reader)
+        await wait_all_tasks_blocked()
+        nursery.start_soon(wait_as_sleeper)
+        await wait_all_tasks_blocked()
+        # The reader read this answer for the asking task, and is still reading.
+        assert await call(op="remainder", semaphore="C") == 5
+        waiting.cancel()
+        await call(op="release", peer=holder, semaphore="B")
+        while not answers:
+            await trio.sleep(0.01)
+        assert answers[0]["acquired"] is True
+        assert not connection.closed
+
+
+async def test_a_call_cancelled_before_it_is_sent_leaves_the_connection_whole(node, nursery):
+    with trio.fail_after(TIMEOUT):
+        connection = await Connection.open(nursery, node.url.replace("http", "ws") + "/ws")
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await connection.call({"id": 1, "op": "remainder", "semaphore": "C"})
+        assert not connection.closed
+        assert await connection.call({"id": 2, "op": "remainder", "semaphore": "C"}) == 5
 
 
 async def test_a_node_that_lost_its_memory_gets_the_locks_restored(node):

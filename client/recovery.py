@@ -1,0 +1,126 @@
+"""What the client does when a call fails, without any I/O: restore, wait and retry, move to
+the next node, or give up. `now` comes in; the waits come out; `client/client.py` does them.
+
+* A node that forgot the peer (`UnknownPeer`) gets it restored once, then the call is retried.
+* A broken connection or an unavailable cluster is retried after a wait that doubles from
+  `BACKOFF_FIRST` to `BACKOFF_MAX`, jittered (0.5 to 1.5 times) so that many clients do not
+  come back in step, until `patience` seconds after the first try; then `Unavailable`.
+* Connecting tries the node URLs in turn, staying with one that works; after a whole round
+  with none answering it waits (the same backoff), and gives up at the same deadline.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .session import Unavailable, UnknownPeer
+
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 2.0
+# How long a call keeps trying before it gives up with `Unavailable`.
+CALL_PATIENCE = 30.0
+
+
+class ConnectionLost(Exception):
+    """The connection broke before the answer came; the request may or may not have run."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Try the call again after `wait` seconds."""
+
+    wait: float
+
+
+@dataclass(frozen=True)
+class RestorePeer:
+    """Restore the call's peer (exactly its held locks), then try the call again."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    error: Exception
+
+
+Decision = Retry | RestorePeer | GiveUp
+
+
+class Backoff:
+    """Jittered waits, doubling from `first` up to `most`."""
+
+    def __init__(
+        self, rng: random.Random, first: float = BACKOFF_FIRST, most: float = BACKOFF_MAX
+    ) -> None:
+        self._rng = rng
+        self._next = first
+        self._most = most
+
+    def wait(self) -> float:
+        wait = self._next * (0.5 + self._rng.random())
+        self._next = min(self._next * 2, self._most)
+        return wait
+
+
+class CallRecovery:
+    """The decisions of one call, from its first failure on."""
+
+    def __init__(
+        self,
+        now: float,
+        rng: random.Random,
+        *,
+        has_peer: bool,
+        patience: float = CALL_PATIENCE,
+    ) -> None:
+        self._give_up_at = now + patience
+        self._backoff = Backoff(rng)
+        self._can_restore = has_peer
+
+    @property
+    def give_up_at(self) -> float:
+        return self._give_up_at
+
+    def after(self, failure: Exception, now: float) -> Decision:
+        if isinstance(failure, UnknownPeer):
+            if not self._can_restore:
+                return GiveUp(failure)
+            self._can_restore = False  # once: a node that forgets it again has a reason
+            return RestorePeer()
+        if not isinstance(failure, ConnectionLost | Unavailable):
+            return GiveUp(failure)
+        if now >= self._give_up_at:
+            return GiveUp(Unavailable(f"no node could serve the request: {failure}"))
+        return Retry(self._backoff.wait())
+
+
+class NodeChoice:
+    """Which node URL to connect to: the one that worked last, else the next in turn."""
+
+    def __init__(self, urls: list[str], rng: random.Random) -> None:
+        if not urls:
+            raise ValueError("at least one node URL")
+        self._urls = urls
+        self._rng = rng
+        self._current = 0
+        self._failed_in_round = 0
+        self._backoff = Backoff(rng)
+
+    @property
+    def url(self) -> str:
+        return self._urls[self._current]
+
+    def connected(self) -> None:
+        self._failed_in_round = 0
+        self._backoff = Backoff(self._rng)
+
+    def failed(self, now: float, give_up_at: float) -> Decision:
+        """`url` did not answer: the next one, at once or (after a whole round) after a wait."""
+        self._current = (self._current + 1) % len(self._urls)
+        self._failed_in_round += 1
+        if self._failed_in_round < len(self._urls):
+            return Retry(0.0)
+        self._failed_in_round = 0
+        if now >= give_up_at:
+            return GiveUp(Unavailable(f"no node answers at {', '.join(self._urls)}"))
+        return Retry(self._backoff.wait())

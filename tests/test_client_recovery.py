@@ -1,0 +1,84 @@
+"""The client's recovery decisions (`client/recovery.py`), without a network."""
+
+import random
+
+import pytest
+
+from sluicegate.client.recovery import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    Backoff,
+    CallRecovery,
+    ConnectionLost,
+    GiveUp,
+    NodeChoice,
+    RestorePeer,
+    Retry,
+)
+from sluicegate.client.session import RequestRefused, Unavailable, UnknownPeer
+
+
+def test_a_forgotten_peer_is_restored_once_then_the_call_gives_up():
+    recovery = CallRecovery(0.0, random.Random(1), has_peer=True)
+    assert recovery.after(UnknownPeer("gone"), 0.1) == RestorePeer()
+    again = recovery.after(UnknownPeer("gone again"), 0.2)
+    assert isinstance(again, GiveUp) and isinstance(again.error, UnknownPeer)
+
+
+def test_a_call_without_a_peer_does_not_restore():
+    recovery = CallRecovery(0.0, random.Random(1), has_peer=False)
+    decision = recovery.after(UnknownPeer("gone"), 0.1)
+    assert isinstance(decision, GiveUp)
+
+
+@pytest.mark.parametrize("failure", [ConnectionLost("broke"), Unavailable("no majority")])
+def test_broken_connections_and_an_unavailable_cluster_are_retried_until_patience_ends(failure):
+    recovery = CallRecovery(10.0, random.Random(2), has_peer=True, patience=5.0)
+    now, waits = 10.0, []
+    while True:
+        decision = recovery.after(failure, now)
+        if isinstance(decision, GiveUp):
+            break
+        assert isinstance(decision, Retry)
+        waits.append(decision.wait)
+        now += decision.wait
+    assert now >= 15.0 and now - waits[-1] < 15.0
+    assert isinstance(decision.error, Unavailable)
+    assert BACKOFF_FIRST * 0.5 <= waits[0] <= BACKOFF_FIRST * 1.5
+    assert max(waits) <= BACKOFF_MAX * 1.5
+    # Doubling: the base of each wait (its jitter removed) grows until the cap.
+    assert waits[4] > waits[0] * 2
+
+
+def test_other_refusals_are_not_retried():
+    decision = CallRecovery(0.0, random.Random(3), has_peer=True).after(RequestRefused("no"), 0)
+    assert isinstance(decision, GiveUp) and isinstance(decision.error, RequestRefused)
+
+
+def test_backoff_is_jittered_so_clients_do_not_return_in_step():
+    first_waits = {Backoff(random.Random(seed)).wait() for seed in range(20)}
+    assert len(first_waits) == 20
+
+
+def test_node_choice_stays_with_a_working_node_and_moves_on_from_a_dead_one():
+    nodes = NodeChoice(["ws://a/ws", "ws://b/ws", "ws://c/ws"], random.Random(4))
+    assert nodes.url == "ws://a/ws"
+    nodes.connected()
+    assert nodes.url == "ws://a/ws"
+    assert nodes.failed(now=1.0, give_up_at=100.0) == Retry(0.0)
+    assert nodes.url == "ws://b/ws"
+    nodes.connected()
+    # b breaks later: c next at once, then a; a whole round without an answer waits.
+    assert nodes.failed(2.0, 100.0) == Retry(0.0)
+    assert nodes.url == "ws://c/ws"
+    assert nodes.failed(2.0, 100.0) == Retry(0.0)
+    assert nodes.url == "ws://a/ws"
+    assert nodes.failed(2.0, 100.0).wait > 0
+    assert nodes.url == "ws://b/ws"
+
+
+def test_node_choice_gives_up_after_a_round_past_the_deadline():
+    nodes = NodeChoice(["ws://a/ws", "ws://b/ws"], random.Random(5))
+    assert nodes.failed(50.0, 40.0) == Retry(0.0)  # b is still worth a try
+    decision = nodes.failed(50.0, 40.0)
+    assert isinstance(decision, GiveUp) and "ws://a/ws" in str(decision.error)
