@@ -1,8 +1,9 @@
-"""An ASGI WebSocket (hypercorn's, on the node's one port) behind trio-websocket's interface.
+"""An ASGI WebSocket (hypercorn's) behind trio-websocket's interface.
 
-Node links dial out with trio-websocket and accept through hypercorn; this adapter gives the
-accepted side the same `send_message` / `get_message` / `aclose`, raising the same
-`ConnectionClosed`, so the link code sees one kind of connection.
+The node's port hands WebSocket handshakes to trio-websocket (`node/listener.py`), except one
+that comes after a request on a kept-alive HTTP connection: hypercorn serves that one, and this
+adapter gives it the same `send_message` / `get_message` / `aclose`, raising the same
+`ConnectionClosed`, so the `/ws` shell and the node links see one kind of connection.
 """
 
 from __future__ import annotations
