@@ -19,7 +19,7 @@ from trio_websocket import ConnectionClosed
 from sluicegate.cluster.errors import SemaphoreError
 
 from . import ws_protocol as protocol
-from .asgi_websocket import AsgiWebSocket
+from .links import MessageConnection
 from .rpc import Unavailable
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 
@@ -33,7 +33,7 @@ IDLE_TIMEOUT = 60.0
 class WsConnection:
     def __init__(
         self,
-        websocket: AsgiWebSocket,
+        websocket: MessageConnection,
         semaphores: LocalSemaphores | ClusterSemaphores,
         node_id: str,
         idle_timeout: float = IDLE_TIMEOUT,
