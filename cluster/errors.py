@@ -66,3 +66,22 @@ class NotServing(SemaphoreError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class RateLimitError(Exception):
+    """Base of every error a client can cause through the rate-limit API."""
+
+
+class UnknownLimiter(RateLimitError):
+    def __init__(self, limiter: str) -> None:
+        super().__init__(limiter)
+        self.limiter = limiter
+
+
+class InvalidWeight(RateLimitError):
+    """A weight below 1, or one the limiter could never admit at once."""
+
+    def __init__(self, weight: int, max_weight: int) -> None:
+        super().__init__(weight, max_weight)
+        self.weight = weight
+        self.max_weight = max_weight

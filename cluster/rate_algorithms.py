@@ -1,0 +1,286 @@
+"""Rate-limiting algorithms, pure: state in, decision out, `now` passed in (seconds).
+
+Each algorithm keeps one small state per key and answers `check(state, n, now)`: go (the state
+records the admission) or sorry, with what remains and how long until `n` could go. `consume`
+records an admission decided elsewhere (gossip mode: another node's "go", possibly late and out
+of order) and returns how much it puts the key beyond the algorithm's rule (the overshoot that
+gossip allowed). `idle_at` says when a state is as good as new (its key can be evicted).
+
+* `TokenBucket(capacity, rate)`: over any interval of t seconds, at most capacity + rate x t.
+* `FixedWindow(limit, window)`: at most `limit` per window; windows are aligned to multiples of
+  `window` since the epoch, so every node agrees on them.
+* `SlidingLog(limit, window)`: any limit + 1 consecutive admissions span more than `window`
+  (seed 004's guarantee); it keeps at most `limit` timestamps.
+* `SlidingWindowCounter(limit, window)`: the previous window's count, weighted by how much of it
+  still overlaps the sliding window, plus the current one's: approximate, constant memory.
+* `Gcra(rate, burst)`: the generic cell rate algorithm, one timestamp per key; it decides
+  exactly as `TokenBucket(burst, rate)` does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+# The shortest wait a sorry asks for: "any moment now" (a microsecond).
+SOON = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    go: bool
+    # What could still be admitted right after this decision (in units of weight).
+    remaining: int
+    # Seconds until a request of this weight could go (0 when it went).
+    retry_after: float
+
+
+class _BucketState:
+    __slots__ = ("tokens", "stamp")
+
+    def __init__(self, tokens: float, stamp: float) -> None:
+        self.tokens = tokens
+        self.stamp = stamp
+
+
+class TokenBucket:
+    name = "token_bucket"
+
+    def __init__(self, capacity: int, rate: float) -> None:
+        self.capacity = capacity
+        self.rate = rate
+        self.max_weight = capacity
+
+    def new_state(self, now: float) -> _BucketState:
+        return _BucketState(float(self.capacity), now)
+
+    def _refill(self, state: _BucketState, now: float) -> None:
+        if now > state.stamp:
+            state.tokens = min(self.capacity, state.tokens + (now - state.stamp) * self.rate)
+            state.stamp = now
+
+    def check(self, state: _BucketState, n: int, now: float) -> Decision:
+        self._refill(state, now)
+        if state.tokens >= n:
+            state.tokens -= n
+            return Decision(True, math.floor(state.tokens), 0.0)
+        return Decision(False, max(0, math.floor(state.tokens)), (n - state.tokens) / self.rate)
+
+    def consume(self, state: _BucketState, n: int, at: float) -> float:
+        self._refill(state, at)
+        debt = max(0.0, -state.tokens)
+        state.tokens -= n  # may go below zero: a debt the refill pays back
+        return max(0.0, -state.tokens) - debt
+
+    def idle_at(self, state: _BucketState) -> float:
+        return state.stamp + (self.capacity - state.tokens) / self.rate
+
+
+class _WindowState:
+    __slots__ = ("start", "count", "previous")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.count = 0
+        self.previous = 0
+
+
+class FixedWindow:
+    name = "fixed_window"
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_weight = limit
+
+    def _start_of(self, at: float) -> float:
+        return math.floor(at / self.window) * self.window
+
+    def new_state(self, now: float) -> _WindowState:
+        return _WindowState(self._start_of(now))
+
+    def _roll(self, state: _WindowState, now: float) -> None:
+        start = self._start_of(now)
+        if start > state.start:
+            state.start, state.count = start, 0
+
+    def check(self, state: _WindowState, n: int, now: float) -> Decision:
+        self._roll(state, now)
+        if state.count + n <= self.limit:
+            state.count += n
+            return Decision(True, self.limit - state.count, 0.0)
+        return Decision(False, max(0, self.limit - state.count), state.start + self.window - now)
+
+    def consume(self, state: _WindowState, n: int, at: float) -> float:
+        self._roll(state, at)
+        if self._start_of(at) != state.start:
+            return 0.0  # a "go" of a window already over counts no more
+        over = max(0, state.count - self.limit)
+        state.count += n
+        return max(0, state.count - self.limit) - over
+
+    def idle_at(self, state: _WindowState) -> float:
+        return state.start + self.window
+
+
+class _LogState:
+    __slots__ = ("times",)
+
+    def __init__(self) -> None:
+        self.times: list[float] = []  # ascending, at most `limit`
+
+
+class SlidingLog:
+    name = "sliding_log"
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_weight = limit
+
+    def new_state(self, now: float) -> _LogState:
+        return _LogState()
+
+    def _live(self, state: _LogState, now: float) -> int:
+        """Drop the admissions that can no longer matter (more than `window` ago); how many are
+        left. One exactly `window` ago still counts: k + 1 must span *more* than the window."""
+        times = state.times
+        dead = bisect.bisect_left(times, now - self.window)
+        if dead:
+            del times[:dead]
+        return len(times)
+
+    def check(self, state: _LogState, n: int, now: float) -> Decision:
+        live = self._live(state, now)
+        if live + n <= self.limit:
+            state.times.extend([now] * n)
+            return Decision(True, self.limit - live - n, 0.0)
+        # The oldest admissions must leave the window first: the (live + n - limit)-th of them.
+        oldest_to_leave = state.times[live + n - self.limit - 1]
+        wait = max(SOON, oldest_to_leave + self.window - now)  # it must be *more* than a window
+        return Decision(False, max(0, self.limit - live), wait)
+
+    def consume(self, state: _LogState, n: int, at: float) -> float:
+        times = state.times
+        position = bisect.bisect_right(times, at)
+        times[position:position] = [at] * n
+        # Overshoot shows as more than `limit` admissions in a window that holds this one (the
+        # fullest such window starts at one of the admissions at most a window before it).
+        fullest = max(
+            bisect.bisect_right(times, times[i] + self.window) - i
+            for i in range(bisect.bisect_left(times, at - self.window), position + 1)
+        )
+        revealed = min(n, max(0, fullest - self.limit))
+        if len(times) > self.limit:
+            del times[: len(times) - self.limit]
+        return float(revealed)
+
+    def idle_at(self, state: _LogState) -> float:
+        return state.times[-1] + self.window if state.times else -math.inf
+
+
+class SlidingWindowCounter:
+    name = "sliding_window"
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_weight = limit
+
+    def _start_of(self, at: float) -> float:
+        return math.floor(at / self.window) * self.window
+
+    def new_state(self, now: float) -> _WindowState:
+        return _WindowState(self._start_of(now))
+
+    def _roll(self, state: _WindowState, now: float) -> None:
+        start = self._start_of(now)
+        if start > state.start:
+            # The window just over becomes the previous one (none if more than one passed).
+            state.previous = state.count if start - state.start < 1.5 * self.window else 0
+            state.start, state.count = start, 0
+
+    def _estimate(self, state: _WindowState, now: float) -> float:
+        overlap = 1.0 - (now - state.start) / self.window
+        return state.previous * overlap + state.count
+
+    def check(self, state: _WindowState, n: int, now: float) -> Decision:
+        self._roll(state, now)
+        estimate = self._estimate(state, now)
+        if estimate + n <= self.limit:
+            state.count += n
+            return Decision(True, math.floor(self.limit - estimate - n), 0.0)
+        wait = max(SOON, self._wait(state, n, now))
+        return Decision(False, max(0, math.floor(self.limit - estimate)), wait)
+
+    def _wait(self, state: _WindowState, n: int, now: float) -> float:
+        """Until the weighted previous window has shrunk enough, in this window or the next."""
+        end = state.start + self.window
+        if state.count + n <= self.limit and state.previous > 0:
+            # previous x (1 - (t - start) / window) <= limit - count - n
+            at = state.start + self.window * (1.0 - (self.limit - state.count - n) / state.previous)
+            return max(0.0, at - now)
+        # Next window: count becomes the previous one.
+        if state.count > 0:
+            at = end + self.window * max(0.0, 1.0 - (self.limit - n) / state.count)
+            return max(0.0, at - now)
+        return max(0.0, end - now)
+
+    def consume(self, state: _WindowState, n: int, at: float) -> float:
+        self._roll(state, at)
+        start = self._start_of(at)
+        if start == state.start:
+            over = max(0.0, self._estimate(state, at) - self.limit)
+            state.count += n
+            return max(0.0, self._estimate(state, at) - self.limit) - over
+        if start == state.start - self.window:
+            state.previous += n  # late, but it still weighs on the current window
+        return 0.0
+
+    def idle_at(self, state: _WindowState) -> float:
+        return state.start + 2 * self.window
+
+
+class _GcraState:
+    __slots__ = ("tat",)
+
+    def __init__(self, tat: float) -> None:
+        self.tat = tat  # the theoretical arrival time: when the bucket would be full again
+
+
+class Gcra:
+    name = "gcra"
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_weight = burst
+        self._interval = 1.0 / rate
+        self._tolerance = burst / rate
+
+    def new_state(self, now: float) -> _GcraState:
+        return _GcraState(now)
+
+    def check(self, state: _GcraState, n: int, now: float) -> Decision:
+        tat = max(state.tat, now) + n / self.rate
+        allowed_at = tat - self._tolerance
+        if now >= allowed_at:
+            state.tat = tat
+            return Decision(True, math.floor((now - allowed_at) * self.rate), 0.0)
+        left = (now - (max(state.tat, now) - self._tolerance)) * self.rate
+        return Decision(False, max(0, math.floor(left)), allowed_at - now)
+
+    def consume(self, state: _GcraState, n: int, at: float) -> float:
+        over = max(0.0, (state.tat - at) * self.rate - self.burst)
+        state.tat = max(state.tat, at) + n / self.rate
+        return max(0.0, (state.tat - at) * self.rate - self.burst) - over
+
+    def idle_at(self, state: _GcraState) -> float:
+        return state.tat
+
+
+Algorithm = TokenBucket | FixedWindow | SlidingLog | SlidingWindowCounter | Gcra
+ALGORITHMS: dict[str, type] = {
+    cls.name: cls for cls in (TokenBucket, FixedWindow, SlidingLog, SlidingWindowCounter, Gcra)
+}

@@ -1,0 +1,181 @@
+"""Named rate limiters and the keys this node decides for, pure: `now` comes in.
+
+A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a
+weight n. In `exact` mode the key's owner on the ring decides alone, so nothing is ever admitted
+beyond the algorithm's rule. In `gossip` mode the node a client talks to decides at once, from
+its own admissions plus those its peers gossip: each "go" becomes a `RateEvent` that goes to
+every other member, and a node applies the events it receives to its copy of the key (late and
+out of order is fine; a duplicate is recognised by its origin's sequence number and dropped).
+What gossip lets through beyond the rule is measured here (`overshoot`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import InvalidWeight, UnknownLimiter
+from .rate_algorithms import ALGORITHMS, Algorithm, Decision
+
+MODES = ("exact", "gossip")
+
+
+@dataclass(frozen=True)
+class RateLimiterConfig:
+    """One `[rate_limits]` entry. `limit` is the capacity of a token bucket, the burst of GCRA,
+    and the limit of the windows and the log; `rate` is per second; `window` in seconds."""
+
+    algorithm: str
+    limit: int
+    rate: float | None = None
+    window: float | None = None
+    mode: str = "exact"
+
+    def build(self) -> Algorithm:
+        match self.algorithm:
+            case "token_bucket":
+                return ALGORITHMS["token_bucket"](self.limit, self.rate)
+            case "gcra":
+                return ALGORITHMS["gcra"](self.rate, self.limit)
+            case _:
+                return ALGORITHMS[self.algorithm](self.limit, self.window)
+
+
+@dataclass(frozen=True, slots=True)
+class RateEvent:
+    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter` at `at`."""
+
+    seq: int
+    limiter: str
+    key: str
+    n: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RateEvents:
+    """Gossip: the "go" events of `origin` (in this incarnation) since its last message."""
+
+    origin: str
+    incarnation: int
+    events: tuple[RateEvent, ...]
+
+
+@dataclass
+class LimiterStats:
+    go: int = 0
+    sorry: int = 0
+    # Admissions beyond the rule found when merging gossip (weight units).
+    overshoot: float = 0.0
+    # How old the newest gossiped event was when it arrived (seconds; clocks of two nodes).
+    gossip_lag: float = 0.0
+
+
+class RateLimits:
+    def __init__(
+        self,
+        configs: Mapping[str, RateLimiterConfig],
+        origin: str = "",
+        rng: random.Random | None = None,
+    ) -> None:
+        self._algorithms = {name: config.build() for name, config in configs.items()}
+        self._modes = {name: config.mode for name, config in configs.items()}
+        self._states: dict[tuple[str, str], object] = {}
+        self.origin = origin
+        self.incarnation = (rng or random.Random()).getrandbits(63)
+        self._seq = 0
+        self._outbox: list[RateEvent] = []
+        # (origin, incarnation) -> the last sequence number applied from it.
+        self._seen: dict[tuple[str, int], int] = {}
+        self.stats = {name: LimiterStats() for name in configs}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._algorithms)
+
+    def mode(self, limiter: str) -> str:
+        if limiter not in self._modes:
+            raise UnknownLimiter(limiter)
+        return self._modes[limiter]
+
+    def check(self, limiter: str, key: str, n: int, now: float) -> Decision:
+        """Go or sorry for `n` of `key` now; a go is recorded (and, in gossip mode, queued as
+        an event for the other members)."""
+        algorithm = self._algorithms.get(limiter)
+        if algorithm is None:
+            raise UnknownLimiter(limiter)
+        if not 1 <= n <= algorithm.max_weight:
+            raise InvalidWeight(n, algorithm.max_weight)
+        state = self._state(limiter, algorithm, key, now)
+        decision = algorithm.check(state, n, now)
+        stats = self.stats[limiter]
+        if decision.go:
+            stats.go += 1
+            if self._modes[limiter] == "gossip":
+                self._seq += 1
+                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
+        else:
+            stats.sorry += 1
+        return decision
+
+    def refuse_behind_waiters(self, limiter: str, n: int, retry_after: float) -> Decision:
+        """The answer to a check while callers wait for the key: they go first (FIFO), so the
+        check is sorry, to come back when the first of them is due to try again."""
+        algorithm = self._algorithms.get(limiter)
+        if algorithm is None:
+            raise UnknownLimiter(limiter)
+        if not 1 <= n <= algorithm.max_weight:
+            raise InvalidWeight(n, algorithm.max_weight)
+        self.stats[limiter].sorry += 1
+        return Decision(False, 0, retry_after)
+
+    def take_events(self) -> RateEvents | None:
+        """The gossip message of this node's "go" events since the last call, if any."""
+        if not self._outbox:
+            return None
+        events, self._outbox = tuple(self._outbox), []
+        return RateEvents(self.origin, self.incarnation, events)
+
+    def receive(self, message: RateEvents, now: float) -> None:
+        """Apply another node's "go" events to this node's copies of the keys."""
+        source = (message.origin, message.incarnation)
+        last = self._seen.get(source, 0)
+        for event in message.events:
+            if event.seq <= last:
+                continue  # seen already
+            last = event.seq
+            algorithm = self._algorithms.get(event.limiter)
+            if algorithm is None or self._modes[event.limiter] != "gossip":
+                continue  # configured differently there: nothing to merge
+            state = self._state(event.limiter, algorithm, event.key, event.at)
+            stats = self.stats[event.limiter]
+            stats.overshoot += algorithm.consume(state, event.n, event.at)
+            stats.gossip_lag = max(0.0, now - event.at)
+        self._seen[source] = last
+
+    def evict(self, now: float) -> int:
+        """Forget the keys whose state is as good as new; how many went."""
+        idle = [
+            key
+            for key, state in self._states.items()
+            if self._algorithms[key[0]].idle_at(state) <= now
+        ]
+        for key in idle:
+            del self._states[key]
+        return len(idle)
+
+    def keys(self) -> int:
+        return len(self._states)
+
+    def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
+        state = self._states.get((limiter, key))
+        if state is None:
+            state = self._states[(limiter, key)] = algorithm.new_state(now)
+        return state
+
+
+def retry_after_header(seconds: float) -> str:
+    """HTTP's Retry-After: whole seconds, rounded up (so that waiting that long is enough)."""
+    return str(max(0, math.ceil(seconds)))
