@@ -1,5 +1,5 @@
-"""The sluicegate Python client: `connect` for the async (trio) API, `lock` and `BlockingClient`
-for threads and scripts."""
+"""The sluicegate Python client: `connect` for the async (trio) API (locks and rate limits),
+`lock` and `BlockingClient` for threads and scripts."""
 
 from .blocking import BlockingClient, lock
 from .client import Client, Lease, connect
@@ -7,9 +7,12 @@ from .session import (
     Deadlock,
     LeaseLost,
     LockTimeout,
+    RateDecision,
+    RateLimited,
     RequestRefused,
     SluicegateError,
     Unavailable,
+    UnknownLimiter,
     UnknownPeer,
     UnknownSemaphore,
 )
@@ -21,10 +24,13 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "LockTimeout",
+    "RateDecision",
+    "RateLimited",
     "RequestRefused",
     "SluicegateError",
     "Unavailable",
     "UnknownPeer",
+    "UnknownLimiter",
     "UnknownSemaphore",
     "connect",
     "lock",

@@ -13,6 +13,7 @@ per set of URLs, started on first use.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 import trio
 
 from .client import DEFAULT_EXPIRES_IN, Client, Lease, connect
-from .session import LeaseLost
+from .session import LeaseLost, RateDecision
 
 START_TIMEOUT = 30.0
 
@@ -69,6 +70,17 @@ class BlockingClient:
     def remainder(self, semaphore: str) -> int:
         return self._run_in_loop(self._client.remainder, semaphore)
 
+    def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
+        """Go or sorry now (see `Client.check`)."""
+        return self._run_in_loop(self._client.check, limiter, key, n)
+
+    def rate_limited(
+        self, limiter: str, key: str = "", n: int = 1, timeout: float | None = None
+    ) -> BlockingRateGate:
+        """`with client.rate_limited("api", key="u1"):` enters once the limiter says go;
+        `RateLimited` after `timeout` seconds. Also a decorator of functions."""
+        return BlockingRateGate(self, limiter, key, n, timeout)
+
     def close(self) -> None:
         if self._token is not None and self._thread.is_alive():
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
@@ -97,6 +109,29 @@ class BlockingClient:
             self._client = client
             self._started.set()
             await self._stop.wait()
+
+
+class BlockingRateGate:
+    def __init__(
+        self, client: BlockingClient, limiter: str, key: str, n: int, timeout: float | None
+    ) -> None:
+        self._client = client
+        self._args = (limiter, key, n, timeout)
+
+    def __enter__(self) -> RateDecision:
+        client = self._client
+        return client._run_in_loop(client._client._admit, *self._args)
+
+    def __exit__(self, *exc_info) -> None:
+        return None
+
+    def __call__(self, function):
+        @functools.wraps(function)
+        def admitted(*args, **kwargs):
+            with self:
+                return function(*args, **kwargs)
+
+        return admitted
 
 
 _clients: dict[tuple[str, ...], BlockingClient] = {}

@@ -15,6 +15,7 @@ would expire, the leases are lost: the body of each `async with client.lock()` i
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -25,7 +26,16 @@ import trio
 
 from .connection import Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
-from .session import LeaseLost, LockTimeout, Peer, Session, Unavailable, UnknownPeer
+from .session import (
+    LeaseLost,
+    LockTimeout,
+    Peer,
+    RateDecision,
+    RateLimited,
+    Session,
+    Unavailable,
+    UnknownPeer,
+)
 
 DEFAULT_EXPIRES_IN = 30.0
 # Waits longer than this are split, so a lost connection is noticed and the wait resumed.
@@ -118,6 +128,30 @@ class Client:
 
     async def remainder(self, semaphore: str) -> int:
         return await self._call(lambda: self._session.request("remainder", semaphore=semaphore))
+
+    async def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
+        """Go or sorry now, for `n` of `key` (none: the limiter is global)."""
+        answer = await self._call(lambda: self._session.check(limiter, key, n))
+        return RateDecision.from_answer(answer)
+
+    def rate_limited(
+        self, limiter: str, key: str = "", n: int = 1, timeout: float | None = None
+    ) -> RateGate:
+        """`async with client.rate_limited("api", key="u1"):` enters once the limiter says go
+        (waiting in line at the node that decides, first come first served); `RateLimited`
+        after `timeout` seconds (None: no limit). Also a decorator of async functions."""
+        return RateGate(self, limiter, key, n, timeout)
+
+    async def _admit(self, limiter: str, key: str, n: int, timeout: float | None) -> RateDecision:
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        while True:
+            wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
+            answer = await self._call(lambda wait=wait: self._session.wait(limiter, key, n, wait))
+            decision = RateDecision.from_answer(answer)
+            if decision.go:
+                return decision
+            if trio.current_time() >= deadline:
+                raise RateLimited(f"{limiter!r} did not admit {n} within {timeout} s")
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -327,3 +361,33 @@ class Locking:
         self._client._task_peer.reset(self._context)
         if self._outer:
             await self._client._put_back(self._peer)
+
+
+class RateGate:
+    """`client.rate_limited(...)`: an async context manager, and a decorator of async
+    functions (each call waits for go first)."""
+
+    __slots__ = ("_client", "_limiter", "_key", "_n", "_timeout")
+
+    def __init__(
+        self, client: Client, limiter: str, key: str, n: int, timeout: float | None
+    ) -> None:
+        self._client = client
+        self._limiter = limiter
+        self._key = key
+        self._n = n
+        self._timeout = timeout
+
+    async def __aenter__(self) -> RateDecision:
+        return await self._client._admit(self._limiter, self._key, self._n, self._timeout)
+
+    async def __aexit__(self, *exc_info) -> None:
+        return None
+
+    def __call__(self, function):
+        @functools.wraps(function)
+        async def admitted(*args, **kwargs):
+            async with self:
+                return await function(*args, **kwargs)
+
+        return admitted

@@ -53,12 +53,23 @@ class LeaseLost(SluicegateError):
     code = "lease_lost"
 
 
+class UnknownLimiter(SluicegateError):
+    code = "unknown_limiter"
+
+
+class RateLimited(SluicegateError):
+    """`rate_limited` was not admitted within its timeout."""
+
+    code = "rate_limited"
+
+
 class RequestRefused(SluicegateError):
     """Any other refusal of the protocol (bad request, never acquirable, already pending...)."""
 
 
 _ERRORS = {
-    cls.code: cls for cls in (UnknownSemaphore, UnknownPeer, Deadlock, Unavailable, LeaseLost)
+    cls.code: cls
+    for cls in (UnknownSemaphore, UnknownPeer, Deadlock, Unavailable, LeaseLost, UnknownLimiter)
 }
 
 
@@ -67,6 +78,20 @@ def error_from(answer: dict) -> SluicegateError:
     error = cls(answer.get("message") or answer.get("error") or "refused")
     error.code = answer.get("error", cls.code)
     return error
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    """A rate limiter's answer: `go`, how much `remaining` right after it, and (a sorry) the
+    seconds until the same request could go."""
+
+    go: bool
+    remaining: int
+    retry_after: float
+
+    @classmethod
+    def from_answer(cls, answer: dict) -> RateDecision:
+        return cls(answer["go"], answer["remaining"], answer["retry_after"])
 
 
 @dataclass
@@ -151,6 +176,14 @@ class Session:
             "peer": peer.peer_id,
             "semaphore": semaphore,
         }
+
+    def check(self, limiter: str, key: str, n: int) -> dict:
+        return {"id": next(self._ids), "op": "check", "limiter": limiter, "key": key, "n": n}
+
+    def wait(self, limiter: str, key: str, n: int, timeout: float) -> dict:
+        request = self.check(limiter, key, n)
+        request.update(op="wait", timeout=timeout)
+        return request
 
     def acquired(self, peer: Peer, semaphore: str, count: int, result: dict) -> bool:
         """An acquire's answer: True (and held from now on) if granted."""

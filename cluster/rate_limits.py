@@ -44,6 +44,28 @@ class RateLimiterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RateCheck:
+    """Go or sorry, now."""
+
+    limiter: str
+    key: str
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class RateWait:
+    """Queue for the key (FIFO) until go, or sorry after `timeout` seconds."""
+
+    limiter: str
+    key: str
+    n: int
+    timeout: float
+
+
+RateOperation = RateCheck | RateWait
+
+
+@dataclass(frozen=True, slots=True)
 class RateEvent:
     """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter` at `at`."""
 
@@ -95,40 +117,46 @@ class RateLimits:
     def names(self) -> list[str]:
         return list(self._algorithms)
 
+    def validate(self, limiter: str, n: int) -> None:
+        """Raise what a check of `n` would raise before deciding anything."""
+        algorithm = self._algorithms.get(limiter)
+        if algorithm is None:
+            raise UnknownLimiter(limiter)
+        if not 1 <= n <= algorithm.max_weight:
+            raise InvalidWeight(n, algorithm.max_weight)
+
     def mode(self, limiter: str) -> str:
         if limiter not in self._modes:
             raise UnknownLimiter(limiter)
         return self._modes[limiter]
 
-    def check(self, limiter: str, key: str, n: int, now: float) -> Decision:
+    def check(self, limiter: str, key: str, n: int, now: float, tally: bool = True) -> Decision:
         """Go or sorry for `n` of `key` now; a go is recorded (and, in gossip mode, queued as
-        an event for the other members)."""
-        algorithm = self._algorithms.get(limiter)
-        if algorithm is None:
-            raise UnknownLimiter(limiter)
-        if not 1 <= n <= algorithm.max_weight:
-            raise InvalidWeight(n, algorithm.max_weight)
+        an event for the other members). `tally=False` leaves the go and sorry counts alone
+        (a waiting caller's tries: its outcome is tallied once, `tally`)."""
+        self.validate(limiter, n)
+        algorithm = self._algorithms[limiter]
         state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
+        if decision.go and self._modes[limiter] == "gossip":
+            self._seq += 1
+            self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
+        if tally:
+            self.tally(limiter, decision.go)
+        return decision
+
+    def tally(self, limiter: str, go: bool) -> None:
         stats = self.stats[limiter]
-        if decision.go:
+        if go:
             stats.go += 1
-            if self._modes[limiter] == "gossip":
-                self._seq += 1
-                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
         else:
             stats.sorry += 1
-        return decision
 
     def refuse_behind_waiters(self, limiter: str, n: int, retry_after: float) -> Decision:
         """The answer to a check while callers wait for the key: they go first (FIFO), so the
         check is sorry, to come back when the first of them is due to try again."""
-        algorithm = self._algorithms.get(limiter)
-        if algorithm is None:
-            raise UnknownLimiter(limiter)
-        if not 1 <= n <= algorithm.max_weight:
-            raise InvalidWeight(n, algorithm.max_weight)
-        self.stats[limiter].sorry += 1
+        self.validate(limiter, n)
+        self.tally(limiter, False)
         return Decision(False, 0, retry_after)
 
     def take_events(self) -> RateEvents | None:

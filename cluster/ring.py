@@ -26,6 +26,13 @@ def semaphore_key(name: str) -> bytes:
     return b"semaphore/" + name.encode("utf-8", errors="surrogatepass")
 
 
+def rate_key(limiter: str, key: str) -> bytes:
+    """Ring key of one key of a rate limiter: its owner decides for it (exact mode)."""
+    return b"rate/" + limiter.encode("utf-8", "surrogatepass") + b"/" + key.encode(
+        "utf-8", "surrogatepass"
+    )
+
+
 def peer_key(peer_id: int) -> bytes:
     """Ring key of a peer: its owner is the peer's home node."""
     return b"peer/%d" % peer_id

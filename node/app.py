@@ -12,26 +12,29 @@ from collections.abc import Awaitable, Callable
 from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .links import Links, MessageConnection
+from .rate_limit_service import RateLimitService
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 from .ws_shell import WsConnection
 
 
 class NodeApp:
-    def __init__(self, semaphores: LocalSemaphores, node_id: str = "node") -> None:
-        self.throttle = ThrottleApi(semaphores)
+    def __init__(
+        self,
+        semaphores: LocalSemaphores,
+        rate_limits: RateLimitService,
+        node_id: str = "node",
+        extra_metrics: Callable[[], str] = lambda: "",
+    ) -> None:
+        self.throttle = ThrottleApi(semaphores, rate_limits, extra_metrics)
         self.router = Router(self.throttle)
         self.links: Links | None = None
         # How this node names itself to `/ws` clients (its cluster id once it has one).
         self.node_id = node_id
 
-    def join_cluster(
-        self, semaphores: ClusterSemaphores, links: Links, extra_metrics: Callable[[], str]
-    ) -> None:
-        """From now on, serve semaphores through the cluster, node links at `/cluster`, and the
-        cluster's metrics."""
+    def join_cluster(self, semaphores: ClusterSemaphores, links: Links) -> None:
+        """From now on, serve semaphores through the cluster, and node links at `/cluster`."""
         self.throttle.semaphores = semaphores
         self.links = links
-        self.throttle.extra_metrics = extra_metrics
         self.node_id = semaphores.node_id
 
     async def __call__(self, scope, receive, send) -> None:
@@ -61,7 +64,8 @@ class NodeApp:
         return None
 
     async def _serve_client(self, websocket: MessageConnection) -> None:
-        await WsConnection(websocket, self.throttle.semaphores, self.node_id).run()
+        throttle = self.throttle
+        await WsConnection(websocket, throttle.semaphores, throttle.rate_limits, self.node_id).run()
 
 
 async def _send(send, response: Response, head: bool) -> None:

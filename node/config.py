@@ -9,8 +9,20 @@ B = { max = 1, level = 1 }
 level = "WARN"
 ```
 
-Unknown keys and sections are ignored, so later sections of our own (rate limits) and Throttle
-configuration files with keys we do not know both load.
+Unknown keys and sections are ignored, so Throttle configuration files with keys we do not know
+load. Our own sections are checked strictly: a mistake there is refused at start, naming the key.
+
+Rate limits, each `algorithm` with its two settings, and `mode` "exact" (the default: the key's
+owner decides, no overshoot) or "gossip" (the node asked decides at once; see docs/rate_limits.md):
+
+```toml
+[rate_limits]
+api = { algorithm = "token_bucket", capacity = 100, rate = 50 }   # rate per second
+burst = { algorithm = "gcra", burst = 10, rate = 5 }
+crawl = { algorithm = "fixed_window", limit = 5, window = "800ms" }
+smooth = { algorithm = "sliding_window", limit = 100, window = "1m" }
+search = { algorithm = "sliding_log", limit = 8, window = "1s", mode = "gossip" }
+```
 
 Our own section, for running several nodes as one cluster:
 
@@ -24,16 +36,19 @@ down_after = "3s"                 # a member silent this long is down
 gossip_interval = "500ms"
 takeover_grace = "5s"             # after a takeover: restores only, no new grants, this long
 cold_start_grace = "0s"           # the same after the whole cluster started cold
+rate_gossip_interval = "50ms"     # how often rate limiters in gossip mode share their "go"s
 ```
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluicegate.cluster.durations import DurationError, parse_duration
+from sluicegate.cluster.rate_limits import MODES, RateLimiterConfig
 from sluicegate.cluster.semaphores import SemaphoreConfig
 
 DEFAULT_PATH = Path("throttle.toml")
@@ -60,11 +75,14 @@ class ClusterConfig:
     takeover_grace: float = 5.0
     # The same after a cold start of the whole cluster: none, as Throttle does.
     cold_start_grace: float = 0.0
+    # How often a node sends its rate limiters' "go" events to the others (gossip mode).
+    rate_gossip_interval: float = 0.05
 
 
 @dataclass(frozen=True)
 class NodeConfig:
     semaphores: dict[str, SemaphoreConfig] = field(default_factory=dict)
+    rate_limits: dict[str, RateLimiterConfig] = field(default_factory=dict)
     log_level: str | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -76,6 +94,7 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
     return NodeConfig(
         semaphores=_semaphores(doc.get("semaphores", {}), source),
+        rate_limits=_rate_limits(doc.get("rate_limits", {}), source),
         log_level=_log_level(doc.get("logging", {}), source),
         cluster=_cluster(doc.get("cluster", {}), source),
     )
@@ -115,6 +134,62 @@ def _semaphores(table: object, source: str) -> dict[str, SemaphoreConfig]:
             max_ = _integer(value, key, source, _I64)
             level = 0
         result[name] = SemaphoreConfig(max=max_, level=level)
+    return result
+
+
+# What each algorithm is given: (the key that is its `limit`, the other key).
+_ALGORITHM_KEYS = {
+    "token_bucket": ("capacity", "rate"),
+    "gcra": ("burst", "rate"),
+    "fixed_window": ("limit", "window"),
+    "sliding_window": ("limit", "window"),
+    "sliding_log": ("limit", "window"),
+}
+# The sliding log keeps `limit` timestamps per key: a bound on its memory.
+MAX_LOG_LIMIT = 100_000
+
+
+def _rate_limits(table: object, source: str) -> dict[str, RateLimiterConfig]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [rate_limits] must be a table")
+    result = {}
+    for name, value in table.items():
+        key = f"rate_limits.{name}"
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: {key} must be a table such as "
+                f'{{ algorithm = "token_bucket", capacity = 100, rate = 50 }}'
+            )
+        algorithm = value.get("algorithm")
+        if algorithm not in _ALGORITHM_KEYS:
+            choices = ", ".join(_ALGORITHM_KEYS)
+            raise ConfigError(f"{source}: {key}.algorithm must be one of {choices}")
+        limit_key, other_key = _ALGORITHM_KEYS[algorithm]
+        unknown = set(value) - {"algorithm", "mode", limit_key, other_key}
+        if unknown:
+            raise ConfigError(
+                f"{source}: {key}.{sorted(unknown)[0]} is not a setting of {algorithm} "
+                f"(it takes {limit_key} and {other_key})"
+            )
+        for needed in (limit_key, other_key):
+            if needed not in value:
+                raise ConfigError(f"{source}: {key} needs `{needed}` ({algorithm})")
+        bound = MAX_LOG_LIMIT if algorithm == "sliding_log" else _I64[1]
+        limit = _integer(value[limit_key], f"{key}.{limit_key}", source, (1, bound))
+        mode = value.get("mode", "exact")
+        if mode not in MODES:
+            raise ConfigError(f"{source}: {key}.mode must be one of {', '.join(MODES)}")
+        if other_key == "rate":
+            rate = value["rate"]
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+                raise ConfigError(f"{source}: {key}.rate must be a number above 0 (per second)")
+            if not math.isfinite(rate):
+                raise ConfigError(f"{source}: {key}.rate must be finite")
+            config = RateLimiterConfig(algorithm, limit, rate=float(rate), mode=mode)
+        else:
+            window = _duration(value, "window", 0.0, source, prefix=key)
+            config = RateLimiterConfig(algorithm, limit, window=window, mode=mode)
+        result[name] = config
     return result
 
 
@@ -165,19 +240,22 @@ def _cluster(table: object, source: str) -> ClusterConfig:
         gossip_interval=_duration(table, "gossip_interval", 0.5, source),
         takeover_grace=_duration(table, "takeover_grace", 5.0, source, zero_ok=True),
         cold_start_grace=_duration(table, "cold_start_grace", 0.0, source, zero_ok=True),
+        rate_gossip_interval=_duration(table, "rate_gossip_interval", 0.05, source),
     )
 
 
-def _duration(table: dict, key: str, default: float, source: str, zero_ok=False) -> float:
+def _duration(
+    table: dict, key: str, default: float, source: str, zero_ok=False, prefix: str = "cluster"
+) -> float:
     value = table.get(key)
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ConfigError(f'{source}: cluster.{key} must be a duration such as "3s"')
+        raise ConfigError(f'{source}: {prefix}.{key} must be a duration such as "3s"')
     try:
         seconds = parse_duration(value)
     except DurationError as error:
-        raise ConfigError(f"{source}: cluster.{key}: {error}") from None
+        raise ConfigError(f"{source}: {prefix}.{key}: {error}") from None
     if seconds <= 0 and not (zero_ok and seconds == 0):
-        raise ConfigError(f"{source}: cluster.{key} must be longer than zero")
+        raise ConfigError(f"{source}: {prefix}.{key} must be longer than zero")
     return seconds

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
-from urllib.parse import unquote_to_bytes
+from urllib.parse import parse_qs, unquote_to_bytes
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.rate_limits import RateCheck, retry_after_header
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     Heartbeat,
@@ -29,6 +30,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
+from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 from .throttle_metrics import render as render_throttle_metrics
@@ -212,9 +214,13 @@ class ThrottleApi:
     """Handlers for every Throttle route, bound to where semaphores are served."""
 
     def __init__(
-        self, semaphores: LocalSemaphores | ClusterSemaphores, extra_metrics=lambda: ""
+        self,
+        semaphores: LocalSemaphores | ClusterSemaphores,
+        rate_limits: RateLimitService,
+        extra_metrics=lambda: "",
     ) -> None:
         self.semaphores = semaphores
+        self.rate_limits = rate_limits
         self.extra_metrics: Callable[[], str] = extra_metrics
 
     async def index(self, request: Request) -> Response:
@@ -315,6 +321,53 @@ class ThrottleApi:
         )
         return text("Ok")
 
+    # -- ours: rate limits (docs/rate_limits.md) ---------------------------------------------
+
+    async def rate_limit_check(self, request: Request, name: bytes) -> Response:
+        limiter = _path_text(name, "name")
+        key, n = _rate_limit_query(request.query)
+        decision = await self.rate_limits.call(RateCheck(limiter, key, n))
+        body = {
+            "go": decision.go,
+            "remaining": decision.remaining,
+            "retry_after": round(decision.retry_after, 6),
+        }
+        if decision.go:
+            return json_response(body)
+        response = json_response(body, 429)
+        response.headers.append((b"retry-after", retry_after_header(decision.retry_after).encode()))
+        return response
+
+
+def _rate_limit_query(query: bytes) -> tuple[str, int]:
+    """`key` (default: none, "") and `n` (default 1) of a rate-limit check."""
+    try:
+        fields = parse_qs(query.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise Rejection(rate_limit_error("bad_request", "the query is not UTF-8", 400)) from None
+    key = fields.get("key", [""])[-1]
+    n_text = fields.get("n", ["1"])[-1]
+    if not (n_text.isascii() and n_text.isdigit()):
+        raise Rejection(
+            rate_limit_error("invalid_weight", f"n must be a whole number: {n_text!r}", 400)
+        )
+    return key, int(n_text)
+
+
+def rate_limit_error(code: str, message: str, status: int) -> Response:
+    return json_response({"error": code, "message": message}, status)
+
+
+def rate_limit_domain_error(error: errors.RateLimitError) -> Response:
+    match error:
+        case errors.UnknownLimiter(limiter=limiter):
+            return rate_limit_error("unknown_limiter", f"Unknown rate limiter {limiter!r}", 404)
+        case errors.InvalidWeight(weight=weight, max_weight=most):
+            return rate_limit_error(
+                "invalid_weight", f"Weight must be from 1 to {most}, not {weight}", 400
+            )
+    return rate_limit_error("internal", type(error).__name__, 500)
+
 
 # -- routing ----------------------------------------------------------------------------------
 
@@ -345,6 +398,11 @@ class Router:
         if static is not None:
             return static
         parts = path.split(b"/")
+        if len(parts) == 4 and parts[:2] == [b"", b"rate_limits"] and parts[3] == b"check":
+            if not parts[2]:
+                return None
+            api, name = self.api, parts[2]
+            return {"POST": lambda r: api.rate_limit_check(r, name)}
         if len(parts) not in (3, 4) or parts[0] != b"" or parts[1] != b"peers":
             return None
         if not all(parts[2:]):
@@ -386,6 +444,8 @@ async def handle(router: Router, request: Request) -> Response:
         return rejection.response
     except errors.SemaphoreError as error:
         return domain_error(error)
+    except errors.RateLimitError as error:
+        return rate_limit_domain_error(error)
     except Unavailable as unavailable:
         # The stock client retries 503; this is never a wrong answer, only a later one.
         log.info("503 for %s %s: %s", request.method, request.raw_path, unavailable)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sluicegate.cluster.membership import Gossip, MemberState
 from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.rate_algorithms import Decision
+from sluicegate.cluster.rate_limits import RateCheck, RateEvent, RateEvents, RateWait
 from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
 from sluicegate.cluster.semaphore_leases import SemaphoreRecord
 from sluicegate.cluster.semaphore_ops import (
@@ -65,6 +67,11 @@ LINK_CODEC = Codec(
         31: Reassert,
         32: ReplicaDelta,
         33: ReplicaResync,
+        34: RateCheck,
+        35: RateWait,
+        36: Decision,
+        37: RateEvent,
+        38: RateEvents,
         **HANDSHAKE_MESSAGES,
     }
 )

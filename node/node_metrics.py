@@ -12,7 +12,52 @@ from prometheus_client.registry import Collector
 
 from .links import Links
 from .membership_actor import MembershipActor
+from .rate_limit_service import RateLimitService
 from .semaphore_service import ClusterSemaphores
+
+
+class RateLimitCollector(Collector):
+    """Per limiter, what this node decided and saw."""
+
+    def __init__(self, service: RateLimitService) -> None:
+        self._service = service
+
+    def collect(self):
+        core = self._service.core
+        decisions = CounterMetricFamily(
+            "sluicegate_rate_limit_decisions",
+            "Checks and waits this node decided, by limiter and decision (go or sorry).",
+            labels=["limiter", "decision"],
+        )
+        waiting = GaugeMetricFamily(
+            "sluicegate_rate_limit_waiting",
+            "Callers queued at this node for a key of the limiter.",
+            labels=["limiter"],
+        )
+        lag = GaugeMetricFamily(
+            "sluicegate_rate_limit_gossip_lag_seconds",
+            "Age of the newest gossiped go event when it arrived (gossip mode; two clocks).",
+            labels=["limiter"],
+        )
+        overshoot = CounterMetricFamily(
+            "sluicegate_rate_limit_overshoot",
+            "Admissions beyond the limiter's rule this node found when merging gossip (weight).",
+            labels=["limiter"],
+        )
+        for name in core.names:
+            stats = core.stats[name]
+            decisions.add_metric([name, "go"], stats.go)
+            decisions.add_metric([name, "sorry"], stats.sorry)
+            waiting.add_metric([name], self._service.waiting[name])
+            lag.add_metric([name], stats.gossip_lag)
+            overshoot.add_metric([name], stats.overshoot)
+        yield decisions
+        yield waiting
+        yield lag
+        yield overshoot
+        yield GaugeMetricFamily(
+            "sluicegate_rate_limit_keys", "Keys whose state this node keeps.", value=core.keys()
+        )
 
 
 class ClusterCollector(Collector):

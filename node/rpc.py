@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import trio
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.rate_algorithms import Decision
+from sluicegate.cluster.rate_limits import RateOperation
 from sluicegate.cluster.semaphore_ops import (
     AcquireOutcome,
     Operation,
@@ -34,19 +36,19 @@ class Unavailable(Exception):
 @dataclass(frozen=True, slots=True)
 class Call:
     call_id: int
-    op: Operation
+    op: Operation | RateOperation
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     call_id: int
-    result: AcquireOutcome | bool | int | list[int] | None
+    result: AcquireOutcome | Decision | bool | int | list[int] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
     call_id: int
-    error: str  # a SemaphoreError class name, or "Unavailable"
+    error: str  # a SemaphoreError or RateLimitError class name, or "Unavailable"
     args: list[int | str]
 
 
@@ -62,6 +64,8 @@ _ERRORS: dict[str, type[Exception]] = {
         errors.RestoreConflict,
         errors.ShrinkingLockCount,
         errors.NotServing,
+        errors.UnknownLimiter,
+        errors.InvalidWeight,
         Unavailable,
     )
 }
@@ -82,7 +86,7 @@ class Rpc:
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Slot] = {}
 
-    async def call(self, node_id: str, op: Operation, timeout: float) -> object:
+    async def call(self, node_id: str, op: Operation | RateOperation, timeout: float) -> object:
         """Run `op` on node `node_id`; its result, its domain error, or `Unavailable`."""
         if not self._links.status().get(node_id):
             raise Unavailable(f"no link to {node_id}")
@@ -117,12 +121,15 @@ class Rpc:
             slot.done.set()
 
     async def serve(
-        self, remote_id: str, call: Call, handler: Callable[[Operation], Awaitable[object]]
+        self,
+        remote_id: str,
+        call: Call,
+        handler: Callable[[Operation | RateOperation], Awaitable[object]],
     ) -> None:
         """Answer a `Call` from `remote_id` with what `handler` makes of its operation."""
         try:
             result = await handler(call.op)
-        except (errors.SemaphoreError, Unavailable) as error:
+        except (errors.SemaphoreError, errors.RateLimitError, Unavailable) as error:
             answer: Reply | Failure = Failure(call.call_id, type(error).__name__, list(error.args))
         else:
             answer = Reply(call.call_id, result)

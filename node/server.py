@@ -13,6 +13,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from sluicegate.cluster.membership import Gossip, Membership
+from sluicegate.cluster.rate_limits import RateEvents, RateLimits, RateOperation
 from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import Message as ShardMessage
 from sluicegate.cluster.shard import ShardCore
@@ -23,7 +24,8 @@ from .link_codec import LINK_CODEC
 from .links import Links, websocket_dialer
 from .listener import serve
 from .membership_actor import MembershipActor
-from .node_metrics import ClusterCollector, NodeMetrics
+from .node_metrics import ClusterCollector, NodeMetrics, RateLimitCollector
+from .rate_limit_service import RateLimitService
 from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
 from .semaphore_service import ClusterSemaphores, LocalSemaphores, epoch_now
@@ -77,10 +79,17 @@ async def run_node(
                 stopping.set()
                 return
 
-    app = NodeApp(LocalSemaphores(actor))
+    rate_limits = RateLimitService(
+        RateLimits(config.rate_limits), gossip_interval=config.cluster.rate_gossip_interval
+    )
+    metrics = NodeMetrics()
+    if config.rate_limits:  # none configured: /metrics stays exactly Throttle's
+        metrics.registry.register(RateLimitCollector(rate_limits))
+    app = NodeApp(LocalSemaphores(actor), rate_limits, extra_metrics=metrics.render)
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         await nursery.start(actor.run)
+        await nursery.start(rate_limits.run)
         async with trio.open_nursery() as http:
             binds = await http.start(
                 lambda task_status: serve(
@@ -95,7 +104,9 @@ async def run_node(
             app.node_id = url.split("//", 1)[1]
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
-                cluster = await nursery.start(join_cluster, app, actor, config, address)
+                cluster = await nursery.start(
+                    join_cluster, app, rate_limits, metrics, config, address
+                )
             log.info("Listening on %s", url)
             task_status.started(url)
         # `serve` returns once in-flight requests are done; nothing needs the actors any more.
@@ -108,7 +119,8 @@ async def run_node(
 
 async def join_cluster(
     app: NodeApp,
-    actor: SemaphoreActor,
+    rate_limits: RateLimitService,
+    metrics: NodeMetrics,
     config: NodeConfig,
     address: str,
     *,
@@ -128,7 +140,10 @@ async def join_cluster(
             if isinstance(message, Gossip):
                 membership_actor.receive(message)
             elif isinstance(message, Call):
-                nursery.start_soon(rpc.serve, remote_id, message, shard_actor.call)
+                serve = rate_limits.serve if isinstance(message.op, RateOperation) else None
+                nursery.start_soon(rpc.serve, remote_id, message, serve or shard_actor.call)
+            elif isinstance(message, RateEvents):
+                rate_limits.receive(message)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
             elif isinstance(message, ShardMessage):
@@ -170,9 +185,10 @@ async def join_cluster(
         settle=cluster.down_after,
         settled_ticks=math.ceil(cluster.down_after / cluster.gossip_interval),
     )
-    metrics = NodeMetrics()
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
-    app.join_cluster(semaphores, links, metrics.render)
+    rate_limits.core.origin = node_id
+    rate_limits.join_cluster(membership_actor, rpc, links)
+    app.join_cluster(semaphores, links)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:
         await nursery.start(shard_actor.run)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import msgpack
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.rate_algorithms import Decision
+from sluicegate.cluster.rate_limits import RateCheck, RateOperation, RateWait
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -57,7 +59,7 @@ class ProtocolViolation(Exception):
 @dataclass(frozen=True, slots=True)
 class Request:
     request_id: int
-    op: Operation
+    op: Operation | RateOperation
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,9 @@ def encode_answers(answers: list[dict]) -> bytes:
 
 
 def ok(request_id: int, result: object) -> dict:
-    if isinstance(result, AcquireOutcome):
+    if isinstance(result, Decision):
+        result = {"go": result.go, "remaining": result.remaining, "retry_after": result.retry_after}
+    elif isinstance(result, AcquireOutcome):
         result = (
             {"acquired": True, "token": result.fencing_token}
             if result.acquired
@@ -157,6 +161,12 @@ def domain_error(request_id: int, failure: Exception) -> dict:
             return error(request_id, "restore_conflict", "A restore may not change a peer")
         case errors.ShrinkingLockCount():
             return error(request_id, "shrinking_count", "A held lock's count cannot shrink")
+        case errors.UnknownLimiter(limiter=limiter):
+            return error(request_id, "unknown_limiter", f"Unknown rate limiter {limiter!r}")
+        case errors.InvalidWeight(weight=weight, max_weight=most):
+            return error(
+                request_id, "invalid_weight", f"Weight must be from 1 to {most}, not {weight}"
+            )
         case errors.NotServing(reason=reason) | Unavailable(args=(reason,)):
             return error(request_id, "unavailable", f"Unavailable, retry: {reason}")
     # Never raised: every error of the core is mapped above (and tested so).
@@ -229,7 +239,22 @@ def _restore(item: dict) -> Restore:
     return Restore(_peer(item), _seconds(item, "expires_in"), acquired)
 
 
-_OPERATIONS: dict[str, Callable[[dict], Operation]] = {
+def _check(item: dict) -> RateCheck:
+    return RateCheck(
+        _field(item, "limiter", str), _field(item, "key", str, ""), _field(item, "n", int, 1)
+    )
+
+
+def _wait(item: dict) -> RateWait:
+    return RateWait(
+        _field(item, "limiter", str),
+        _field(item, "key", str, ""),
+        _field(item, "n", int, 1),
+        _seconds(item, "timeout"),
+    )
+
+
+_OPERATIONS: dict[str, Callable[[dict], Operation | RateOperation]] = {
     "new_peer": lambda item: NewPeer(_seconds(item, "expires_in")),
     "heartbeat": lambda item: Heartbeat(_peer(item), _seconds(item, "expires_in")),
     "release_peer": lambda item: ReleasePeer(_peer(item)),
@@ -238,5 +263,7 @@ _OPERATIONS: dict[str, Callable[[dict], Operation]] = {
     "is_acquired": lambda item: IsAcquired(_peer(item)),
     "remainder": lambda item: Remainder(_field(item, "semaphore", str)),
     "restore": _restore,
+    "check": _check,
+    "wait": _wait,
 }
 OPERATION_NAMES = sorted(_OPERATIONS)

@@ -16,10 +16,12 @@ import logging
 import trio
 from trio_websocket import ConnectionClosed
 
-from sluicegate.cluster.errors import SemaphoreError
+from sluicegate.cluster.errors import RateLimitError, SemaphoreError
+from sluicegate.cluster.rate_limits import RateCheck, RateOperation
 
 from . import ws_protocol as protocol
 from .links import MessageConnection
+from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 
@@ -35,11 +37,13 @@ class WsConnection:
         self,
         websocket: MessageConnection,
         semaphores: LocalSemaphores | ClusterSemaphores,
+        rate_limits: RateLimitService,
         node_id: str,
         idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self._ws = websocket
         self._semaphores = semaphores
+        self._rate_limits = rate_limits
         self._node_id = node_id
         self._idle_timeout = idle_timeout
         self._answers: list[dict] = []
@@ -96,19 +100,34 @@ class WsConnection:
             if isinstance(item, protocol.Rejected):
                 self._answers.append(protocol.error(item.request_id, item.code, item.message))
                 continue
+            if isinstance(item.op, RateCheck) and self._check_now(item):
+                continue
             try:
                 self._in_flight.acquire_nowait()
             except trio.WouldBlock:
                 self._apply(here)
                 here = []
                 await self._in_flight.acquire()
-            if self._semaphores.serves_here(item.op):
+            if isinstance(item.op, RateOperation):
+                nursery.start_soon(self._serve, item, self._rate_limits.call)
+            elif self._semaphores.serves_here(item.op):
                 here.append((item.op, self._answerer(item.request_id)))
             else:
-                nursery.start_soon(self._serve, item)
+                nursery.start_soon(self._serve, item, self._semaphores.call)
         self._apply(here)
         if not self._sending:
             await self._send_answers_now()
+
+    def _check_now(self, item: protocol.Request) -> bool:
+        """Answer a rate-limit check this node decides, at once; False if another node's key."""
+        try:
+            if not self._rate_limits.serves_here(item.op):
+                return False
+            answer = protocol.ok(item.request_id, self._rate_limits.check_here(item.op))
+        except (RateLimitError, Unavailable) as failure:
+            answer = protocol.domain_error(item.request_id, failure)
+        self._answers.append(answer)
+        return True
 
     def _apply(self, requests: list) -> None:
         if not requests:
@@ -129,12 +148,12 @@ class WsConnection:
 
         return answered
 
-    async def _serve(self, request: protocol.Request) -> None:
-        """A request for another node: forwarded, then answered like the rest."""
+    async def _serve(self, request: protocol.Request, call) -> None:
+        """A request for another node, or a rate-limit wait: answered when done, like the rest."""
         answered = self._answerer(request.request_id)
         try:
-            result = await self._semaphores.call(request.op)
-        except (SemaphoreError, Unavailable) as failure:
+            result = await call(request.op)
+        except (SemaphoreError, RateLimitError, Unavailable) as failure:
             answered(None, failure)
         else:
             answered(result, None)

@@ -181,6 +181,38 @@ def test_config_parsing_matches_throttle():
         ('[cluster]\ndown_after = "0s"\n', "cluster.down_after must be longer than zero"),
         ("[cluster]\njoin = [1]\n", "cluster.join must be a list of host:port strings"),
         ("semaphores = 3\n", "[semaphores] must be a table"),
+        ("[rate_limits]\napi = 3\n", "rate_limits.api must be a table"),
+        ('[rate_limits]\napi = { algorithm = "leaky" }\n', "rate_limits.api.algorithm must be"),
+        (
+            '[rate_limits]\napi = { algorithm = "gcra", burst = 2 }\n',
+            "rate_limits.api needs `rate` (gcra)",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "token_bucket", capacity = 0, rate = 1 }\n',
+            "rate_limits.api.capacity is out of range",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "token_bucket", capacity = 2, rate = 0 }\n',
+            "rate_limits.api.rate must be a number above 0",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "fixed_window", limit = 2, window = "soon" }\n',
+            "rate_limits.api.window: expected number",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "sliding_log", limit = 2, window = "1s", '
+            'rate = 1 }\n',
+            "rate_limits.api.rate is not a setting of sliding_log",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "fixed_window", limit = 2, window = "1s", '
+            'mode = "fast" }\n',
+            "rate_limits.api.mode must be one of exact, gossip",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "sliding_log", limit = 1000000, window = "1s" }\n',
+            "rate_limits.api.limit is out of range",
+        ),
         ("[semaphores\n", "not valid TOML"),
     ],
 )

@@ -10,7 +10,9 @@ import pytest
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
+from sluicegate.cluster.rate_limits import RateLimits
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
+from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
 from sluicegate.node.semaphore_service import LocalSemaphores
 from sluicegate.node.ws_shell import HELLO_TIMEOUT, IDLE_TIMEOUT, WsConnection
@@ -42,7 +44,7 @@ async def served(nursery):
     actor = SemaphoreActor(SemaphoreCore({"A": SemaphoreConfig(1)}), rng=random.Random(1))
     await nursery.start(actor.run)
     ws = FakeWebSocket()
-    connection = WsConnection(ws, LocalSemaphores(actor), "n1")
+    connection = WsConnection(ws, LocalSemaphores(actor), RateLimitService(RateLimits({})), "n1")
     done = trio.Event()
 
     async def run() -> None:

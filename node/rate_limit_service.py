@@ -1,0 +1,179 @@
+"""Where a rate-limit check is decided, and the callers that wait for a key.
+
+* `exact` mode: the owner of (limiter, key) on the ring decides; other nodes forward the check
+  there (it crosses one link). On a single node, this node owns every key.
+* `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
+  every other member, which apply them to their copies (`cluster/rate_limits.py`).
+* `wait`: queue for the key, first come first served, at the node that decides, until go or
+  the timeout. The first in the queue tries again when its `retry_after` says, the rest sleep
+  until it is their turn; while anyone waits, plain checks of that key are sorry, so that a
+  flood of checks cannot starve the queue.
+
+Decisions are made synchronously in the asking task (as the semaphore actor's are), with the
+wall clock: gossiped events carry the time they were admitted at, which other nodes compare with
+theirs. Keys idle long enough to be as good as new are forgotten every `EVICT_INTERVAL`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import trio
+
+from sluicegate.cluster.rate_algorithms import SOON, Decision
+from sluicegate.cluster.rate_limits import (
+    RateCheck,
+    RateEvents,
+    RateLimits,
+    RateOperation,
+    RateWait,
+)
+from sluicegate.cluster.ring import rate_key
+
+from .links import Links
+from .membership_actor import MembershipActor
+from .rpc import Rpc, Unavailable
+
+log = logging.getLogger("sluicegate.rate_limits")
+
+EVICT_INTERVAL = 10.0
+# A forwarded check that gets no answer this long (plus a wait's own timeout) answers 503.
+FORWARD_TIMEOUT = 10.0
+
+
+class _Waiter:
+    __slots__ = ("n", "turn", "retry_at")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.turn: trio.Event | None = None
+        # When the first in the queue tries again (trio time).
+        self.retry_at = 0.0
+
+
+class RateLimitService:
+    def __init__(
+        self,
+        core: RateLimits,
+        *,
+        gossip_interval: float = 0.05,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.core = core
+        self._clock = clock
+        self._gossip_interval = gossip_interval
+        self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
+        self.waiting = dict.fromkeys(core.names, 0)
+        self._membership: MembershipActor | None = None
+        self._rpc: Rpc | None = None
+        self._links: Links | None = None
+
+    def join_cluster(self, membership: MembershipActor, rpc: Rpc, links: Links) -> None:
+        """From now on, exact-mode keys are decided by their owners, and gossip is shared."""
+        self._membership, self._rpc, self._links = membership, rpc, links
+
+    # -- the API -----------------------------------------------------------------------------
+
+    def serves_here(self, op: RateOperation) -> bool:
+        """Is `op` decided by this node (else `call` forwards it)?"""
+        return self._owner(op) is None
+
+    def check_here(self, op: RateCheck) -> Decision:
+        """Decide a check here, now."""
+        queue = self._queues.get((op.limiter, op.key))
+        if queue:
+            retry_after = max(SOON, queue[0].retry_at - trio.current_time())
+            return self.core.refuse_behind_waiters(op.limiter, op.n, retry_after)
+        return self.core.check(op.limiter, op.key, op.n, self._clock())
+
+    async def call(self, op: RateOperation) -> Decision:
+        """Decide `op` wherever it is decided; `Unavailable` while that cannot be done."""
+        owner = self._owner(op)
+        if owner is None:
+            return await self.serve(op)
+        timeout = FORWARD_TIMEOUT + (op.timeout if isinstance(op, RateWait) else 0.0)
+        return await self._rpc.call(owner, op, timeout)
+
+    async def serve(self, op: RateOperation) -> Decision:
+        """Decide `op` here (also for another node that forwarded it)."""
+        if isinstance(op, RateCheck):
+            return self.check_here(op)
+        return await self._wait_here(op)
+
+    def receive(self, message: RateEvents) -> None:
+        """Another node's "go" events (gossip mode)."""
+        self.core.receive(message, self._clock())
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Forget idle keys now and then; in a cluster, share this node's "go" events."""
+        task_status.started()
+        next_eviction = trio.current_time() + EVICT_INTERVAL
+        while True:
+            await trio.sleep(self._gossip_interval)
+            self._share_events()
+            if trio.current_time() >= next_eviction:
+                self.core.evict(self._clock())
+                next_eviction = trio.current_time() + EVICT_INTERVAL
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _owner(self, op: RateOperation) -> str | None:
+        """The node that decides `op`, or None when it is this one."""
+        if self._membership is None or op.limiter not in self.waiting:
+            return None  # a single node, or a limiter this node does not know: decided here
+        if self.core.mode(op.limiter) == "gossip":
+            return None
+        owner = self._membership.ring.owner(rate_key(op.limiter, op.key))
+        if owner is None:
+            raise Unavailable("no member owns this key yet")
+        return None if owner == self._membership.node_id else owner
+
+    async def _wait_here(self, op: RateWait) -> Decision:
+        self.core.validate(op.limiter, op.n)
+        key = (op.limiter, op.key)
+        queue = self._queues.get(key)
+        if not queue:
+            decision = self.core.check(op.limiter, op.key, op.n, self._clock(), tally=False)
+            if decision.go or op.timeout <= 0:
+                self.core.tally(op.limiter, decision.go)
+                return decision
+            queue = self._queues[key] = deque()
+        me = _Waiter(op.n)
+        queue.append(me)
+        self.waiting[op.limiter] += 1
+        decision = Decision(False, 0, SOON)
+        try:
+            with trio.move_on_after(op.timeout):
+                while True:
+                    if queue[0] is not me:
+                        me.turn = trio.Event()
+                        await me.turn.wait()
+                        continue
+                    decision = self.core.check(op.limiter, op.key, op.n, self._clock(), tally=False)
+                    if decision.go:
+                        break
+                    me.retry_at = trio.current_time() + decision.retry_after
+                    await trio.sleep(decision.retry_after)
+        finally:
+            queue.remove(me)
+            self.waiting[op.limiter] -= 1
+            if not queue:
+                del self._queues[key]
+            elif queue[0].turn is not None:
+                queue[0].turn.set()
+        self.core.tally(op.limiter, decision.go)
+        return decision
+
+    def _share_events(self) -> None:
+        if self._membership is None:
+            self.core.take_events()  # a single node has nobody to tell
+            return
+        message = self.core.take_events()
+        if message is None:
+            return
+        for node_id in self._membership.live_members():
+            if node_id != self._membership.node_id:
+                self._links.send(node_id, message)
