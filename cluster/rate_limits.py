@@ -109,8 +109,8 @@ class RateLimits:
         self.incarnation = (rng or random.Random()).getrandbits(63)
         self._seq = 0
         self._outbox: list[RateEvent] = []
-        # (origin, incarnation) -> the last sequence number applied from it.
-        self._seen: dict[tuple[str, int], int] = {}
+        # (origin, incarnation) -> the sequence numbers applied from it.
+        self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
 
     @property
@@ -168,12 +168,10 @@ class RateLimits:
 
     def receive(self, message: RateEvents, now: float) -> None:
         """Apply another node's "go" events to this node's copies of the keys."""
-        source = (message.origin, message.incarnation)
-        last = self._seen.get(source, 0)
+        seen = self._seen.setdefault((message.origin, message.incarnation), _Seen())
         for event in message.events:
-            if event.seq <= last:
-                continue  # seen already
-            last = event.seq
+            if not seen.first_time(event.seq):
+                continue
             algorithm = self._algorithms.get(event.limiter)
             if algorithm is None or self._modes[event.limiter] != "gossip":
                 continue  # configured differently there: nothing to merge
@@ -181,7 +179,6 @@ class RateLimits:
             stats = self.stats[event.limiter]
             stats.overshoot += algorithm.consume(state, event.n, event.at)
             stats.gossip_lag = max(0.0, now - event.at)
-        self._seen[source] = last
 
     def evict(self, now: float) -> int:
         """Forget the keys whose state is as good as new; how many went."""
@@ -202,6 +199,31 @@ class RateLimits:
         if state is None:
             state = self._states[(limiter, key)] = algorithm.new_state(now)
         return state
+
+
+class _Seen:
+    """The sequence numbers seen from one origin: all up to `through`, and some beyond."""
+
+    __slots__ = ("through", "beyond")
+
+    # Beyond this many out of order, the gaps below them count as lost, not late.
+    MAX_BEYOND = 10_000
+
+    def __init__(self) -> None:
+        self.through = 0
+        self.beyond: set[int] = set()
+
+    def first_time(self, seq: int) -> bool:
+        if seq <= self.through or seq in self.beyond:
+            return False
+        self.beyond.add(seq)
+        while self.through + 1 in self.beyond:
+            self.through += 1
+            self.beyond.remove(self.through)
+        if len(self.beyond) > self.MAX_BEYOND:
+            self.through = min(self.beyond)
+            self.beyond = {s for s in self.beyond if s > self.through}
+        return True
 
 
 def retry_after_header(seconds: float) -> str:

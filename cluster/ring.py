@@ -28,8 +28,11 @@ def semaphore_key(name: str) -> bytes:
 
 def rate_key(limiter: str, key: str) -> bytes:
     """Ring key of one key of a rate limiter: its owner decides for it (exact mode)."""
-    return b"rate/" + limiter.encode("utf-8", "surrogatepass") + b"/" + key.encode(
-        "utf-8", "surrogatepass"
+    return (
+        b"rate/"
+        + limiter.encode("utf-8", "surrogatepass")
+        + b"/"
+        + key.encode("utf-8", "surrogatepass")
     )
 
 

@@ -201,7 +201,7 @@ def test_config_parsing_matches_throttle():
         ),
         (
             '[rate_limits]\napi = { algorithm = "sliding_log", limit = 2, window = "1s", '
-            'rate = 1 }\n',
+            "rate = 1 }\n",
             "rate_limits.api.rate is not a setting of sliding_log",
         ),
         (

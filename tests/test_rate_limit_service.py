@@ -1,0 +1,66 @@
+"""Waiting for a rate limiter's go on one node, under trio's virtual clock: first come first
+served, checks refused while callers wait, timeouts."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from trio.testing import wait_all_tasks_blocked
+
+from sluicegate.cluster.errors import UnknownLimiter
+from sluicegate.cluster.rate_limits import RateCheck, RateLimiterConfig, RateLimits, RateWait
+from sluicegate.node.rate_limit_service import RateLimitService
+
+
+@pytest.fixture
+def service():
+    configs = {"slow": RateLimiterConfig("token_bucket", 1, rate=1.0)}  # one per second
+    return RateLimitService(RateLimits(configs), clock=trio.current_time)
+
+
+async def test_waiters_are_admitted_first_come_first_served(autojump_clock, service, nursery):
+    admitted = []
+
+    async def wait(name: str, n: int = 1) -> None:
+        decision = await service.call(RateWait("slow", "k", n, 100.0))
+        assert decision.go
+        admitted.append((name, trio.current_time()))
+
+    with trio.fail_after(50):
+        started = trio.current_time()
+        for name in "abcd":
+            nursery.start_soon(wait, name)
+            await wait_all_tasks_blocked()
+        await wait_all_tasks_blocked()
+        assert service.waiting["slow"] == 3  # a went at once
+        while len(admitted) < 4:
+            await trio.sleep(0.5)
+    assert [name for name, _ in admitted] == list("abcd")
+    assert [round(at - started, 6) for _, at in admitted] == [0.0, 1.0, 2.0, 3.0]
+    assert service.waiting["slow"] == 0
+
+
+async def test_a_check_while_callers_wait_is_sorry_so_they_go_first(
+    autojump_clock, service, nursery
+):
+    assert (await service.call(RateCheck("slow", "k", 1))).go
+    nursery.start_soon(service.call, RateWait("slow", "k", 1, 100.0))
+    await wait_all_tasks_blocked()
+    await trio.sleep(0.9)
+    sorry = await service.call(RateCheck("slow", "k", 1))
+    assert not sorry.go and sorry.retry_after == pytest.approx(0.1)
+    await trio.sleep(0.2)  # the waiter took the token at t=1
+    assert not (await service.call(RateCheck("slow", "k", 1))).go
+    await trio.sleep(1.0)
+    assert (await service.call(RateCheck("slow", "k", 1))).go
+
+
+async def test_a_wait_that_runs_out_of_time_is_sorry(autojump_clock, service):
+    assert (await service.call(RateCheck("slow", "k", 1))).go
+    started = trio.current_time()
+    decision = await service.call(RateWait("slow", "k", 1, 0.5))
+    assert not decision.go and trio.current_time() - started == pytest.approx(0.5)
+    assert service.waiting["slow"] == 0
+    assert (service.core.stats["slow"].go, service.core.stats["slow"].sorry) == (1, 1)
+    with pytest.raises(UnknownLimiter):
+        await service.call(RateWait("nope", "k", 1, 1.0))

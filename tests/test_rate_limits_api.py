@@ -1,0 +1,145 @@
+"""Rate limits on one real node: HTTP, the `/ws` ops, and the client (async and blocking)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+
+import msgpack
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from sluicegate import client as sg
+
+from .nodes import NodeProcess
+
+pytestmark = pytest.mark.process
+
+TIMEOUT = 20
+
+CONFIG = """
+[rate_limits]
+api = { algorithm = "token_bucket", capacity = 3, rate = 0.001 }
+slow = { algorithm = "gcra", burst = 1, rate = 10 }
+crawl = { algorithm = "sliding_log", limit = 2, window = "300ms" }
+"""
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with NodeProcess(CONFIG, workdir=tmp_path_factory.mktemp("node")) as process:
+        yield process
+
+
+def post(node, path: str) -> tuple[int, dict, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=TIMEOUT)
+    try:
+        conn.request("POST", path)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_http_answers_go_with_200_and_sorry_with_429_and_retry_after(node):
+    for remaining in (2, 1, 0):
+        status, _, body = post(node, "/rate_limits/api/check?key=http-a")
+        assert (status, body) == (200, {"go": True, "remaining": remaining, "retry_after": 0.0})
+    status, headers, body = post(node, "/rate_limits/api/check?key=http-a")
+    assert status == 429 and body["go"] is False and body["remaining"] == 0
+    # 1 token at 0.001 per second: 1000 s, as whole seconds rounded up in the header.
+    assert body["retry_after"] == pytest.approx(1000, rel=0.01)
+    assert int(headers["retry-after"]) >= body["retry_after"]
+    status, _, body = post(node, "/rate_limits/api/check?key=http-b&n=3")  # another key
+    assert status == 200 and body["remaining"] == 0
+
+
+def test_http_errors_are_json_with_a_code(node):
+    status, _, body = post(node, "/rate_limits/nope/check")
+    assert (status, body["error"]) == (404, "unknown_limiter")
+    for bad in ("n=0", "n=4", "n=abc", "n=-1"):
+        status, _, body = post(node, f"/rate_limits/api/check?key=e&{bad}")
+        assert (status, body["error"]) == (400, "invalid_weight"), bad
+
+
+async def test_ws_check_and_wait(node):
+    with trio.fail_after(TIMEOUT):
+        async with open_websocket_url(f"ws://127.0.0.1:{node.port}/ws") as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            await ws.send_message(
+                msgpack.packb(
+                    [
+                        {"id": 1, "op": "check", "limiter": "slow", "key": "ws"},
+                        {"id": 2, "op": "check", "limiter": "slow", "key": "ws"},
+                        {"id": 3, "op": "wait", "limiter": "slow", "key": "ws", "timeout": 5},
+                        {"id": 4, "op": "check", "limiter": "nope"},
+                        {"id": 5, "op": "check", "limiter": "slow", "n": 2},
+                        {"id": 6, "op": "check"},
+                    ]
+                )
+            )
+            answers = {}
+            while len(answers) < 6:
+                for answer in msgpack.unpackb(await ws.get_message()):
+                    answers[answer["id"]] = answer
+    assert answers[1]["ok"]["go"] is True
+    assert answers[2]["ok"]["go"] is False and 0 < answers[2]["ok"]["retry_after"] <= 0.1
+    assert answers[3]["ok"]["go"] is True  # waited its turn, about 0.1 s
+    assert answers[4]["error"] == "unknown_limiter"
+    assert answers[5]["error"] == "invalid_weight"
+    assert answers[6]["error"] == "bad_request"
+
+
+async def test_the_client_checks_waits_and_decorates(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as client:
+            assert (await client.check("crawl", key="c1")).go
+            assert (await client.check("crawl", key="c1")).go
+            sorry = await client.check("crawl", key="c1")
+            assert not sorry.go and 0 < sorry.retry_after <= 0.3
+
+            admitted = []
+
+            @client.rate_limited("crawl", key="c2")
+            async def fetch(url: str) -> str:
+                admitted.append(trio.current_time())
+                return url.upper()
+
+            started = trio.current_time()
+            assert [await fetch(f"u{i}") for i in range(5)] == [f"U{i}" for i in range(5)]
+            # Two per 300 ms, and any three span more than 300 ms.
+            assert admitted[-1] - started > 0.6
+            for first, third in zip(admitted, admitted[2:], strict=False):
+                assert third - first > 0.3
+
+            with pytest.raises(sg.RateLimited):
+                async with client.rate_limited("api", key="c3", n=3):
+                    pass
+                async with client.rate_limited("api", key="c3", timeout=0.2):
+                    pass
+            with pytest.raises(sg.UnknownLimiter):
+                await client.check("nope")
+
+
+def test_the_blocking_client_from_threads(node):
+    admitted = []
+    with sg.BlockingClient(node.url) as client:
+
+        @client.rate_limited("slow", key="threads")
+        def work(i: int) -> None:
+            admitted.append(time.monotonic())
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT)
+        assert client.check("slow", key="other").go
+    assert len(admitted) == 6
+    # GCRA at 10 per second with a burst of 1: six take at least half a second.
+    assert max(admitted) - started >= 0.45
