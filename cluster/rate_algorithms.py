@@ -5,6 +5,8 @@ records the admission) or sorry, with what remains and how long until `n` could 
 records an admission decided elsewhere (gossip mode: another node's "go", possibly late and out
 of order) and returns how much it puts the key beyond the algorithm's rule (the overshoot that
 gossip allowed). `idle_at` says when a state is as good as new (its key can be evicted).
+`used_up_state` is a key that may have been used up elsewhere just now (its previous owner
+died): nothing goes until `period` has passed.
 
 * `TokenBucket(capacity, rate)`: over any interval of t seconds, at most capacity + rate x t.
 * `FixedWindow(limit, window)`: at most `limit` per window; windows are aligned to multiples of
@@ -55,6 +57,14 @@ class TokenBucket:
     def new_state(self, now: float) -> _BucketState:
         return _BucketState(float(self.capacity), now)
 
+    def used_up_state(self, now: float) -> _BucketState:
+        return _BucketState(0.0, now)
+
+    @property
+    def period(self) -> float:
+        """How long an admission weighs on later decisions: an empty bucket's refill."""
+        return self.capacity / self.rate
+
     def _refill(self, state: _BucketState, now: float) -> None:
         if now > state.stamp:
             state.tokens = min(self.capacity, state.tokens + (now - state.stamp) * self.rate)
@@ -100,6 +110,15 @@ class FixedWindow:
     def new_state(self, now: float) -> _WindowState:
         return _WindowState(self._start_of(now))
 
+    def used_up_state(self, now: float) -> _WindowState:
+        state = _WindowState(self._start_of(now))
+        state.count = self.limit
+        return state
+
+    @property
+    def period(self) -> float:
+        return self.window
+
     def _roll(self, state: _WindowState, now: float) -> None:
         start = self._start_of(now)
         if start > state.start:
@@ -141,6 +160,15 @@ class SlidingLog:
 
     def new_state(self, now: float) -> _LogState:
         return _LogState()
+
+    def used_up_state(self, now: float) -> _LogState:
+        state = _LogState()
+        state.times = [now] * self.limit
+        return state
+
+    @property
+    def period(self) -> float:
+        return self.window
 
     def _live(self, state: _LogState, now: float) -> int:
         """Drop the admissions that can no longer matter (more than `window` ago); how many are
@@ -193,6 +221,15 @@ class SlidingWindowCounter:
 
     def new_state(self, now: float) -> _WindowState:
         return _WindowState(self._start_of(now))
+
+    def used_up_state(self, now: float) -> _WindowState:
+        state = _WindowState(self._start_of(now))
+        state.count = self.limit
+        return state
+
+    @property
+    def period(self) -> float:
+        return 2 * self.window  # the previous window weighs on the current one
 
     def _roll(self, state: _WindowState, now: float) -> None:
         start = self._start_of(now)
@@ -261,6 +298,13 @@ class Gcra:
 
     def new_state(self, now: float) -> _GcraState:
         return _GcraState(now)
+
+    def used_up_state(self, now: float) -> _GcraState:
+        return _GcraState(now + self._tolerance)
+
+    @property
+    def period(self) -> float:
+        return self._tolerance
 
     def check(self, state: _GcraState, n: int, now: float) -> Decision:
         tat = max(state.tat, now) + n / self.rate

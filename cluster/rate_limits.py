@@ -1,12 +1,14 @@
 """Named rate limiters and the keys this node decides for, pure: `now` comes in.
 
-A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a
-weight n. In `exact` mode the key's owner on the ring decides alone, so nothing is ever admitted
-beyond the algorithm's rule. In `gossip` mode the node a client talks to decides at once, from
-its own admissions plus those its peers gossip: each "go" becomes a `RateEvent` that goes to
-every other member, and a node applies the events it receives to its copy of the key (late and
-out of order is fine; a duplicate is recognised by its origin's sequence number and dropped).
-What gossip lets through beyond the rule is measured here (`overshoot`).
+A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a weight
+n. In `exact` mode the key's owner on the ring decides alone, so nothing is ever admitted beyond
+the algorithm's rule; when owners change, a key's new owner starts it used up for one period of
+the algorithm, since what the previous owner admitted is gone with it. In `gossip` mode the node
+a client talks to decides at once, from its own admissions plus those its peers gossip: each
+"go" becomes a `RateEvent` that goes to every other member, and a node applies the events it
+receives to its copy of the key (late and out of order is fine; a duplicate is recognised by its
+origin's sequence number and dropped). What gossip lets through beyond the rule is measured here
+(`overshoot`).
 """
 
 from __future__ import annotations
@@ -112,6 +114,9 @@ class RateLimits:
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
+        # Exact mode: until when a key this node has no state for may have been used up by
+        # its previous owner (see `owners_changed`).
+        self._cautious_until = dict.fromkeys(configs, -math.inf)
 
     @property
     def names(self) -> list[str]:
@@ -159,6 +164,15 @@ class RateLimits:
         self.tally(limiter, False)
         return Decision(False, 0, retry_after)
 
+    def owners_changed(self, now: float) -> None:
+        """The members changed (or this node just joined): some keys this node decides now
+        were decided elsewhere until now, and what was admitted there is gone with that node.
+        For one `period` of each exact-mode limiter, a key without state here starts used up,
+        so nothing is admitted beyond the rule, ever; keys with state here keep it."""
+        for name, algorithm in self._algorithms.items():
+            if self._modes[name] == "exact":
+                self._cautious_until[name] = now + algorithm.period
+
     def take_events(self) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any."""
         if not self._outbox:
@@ -197,7 +211,11 @@ class RateLimits:
     def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            state = self._states[(limiter, key)] = algorithm.new_state(now)
+            if now < self._cautious_until[limiter]:
+                state = algorithm.used_up_state(now)
+            else:
+                state = algorithm.new_state(now)
+            self._states[(limiter, key)] = state
         return state
 
 

@@ -1,7 +1,8 @@
 """Where a rate-limit check is decided, and the callers that wait for a key.
 
 * `exact` mode: the owner of (limiter, key) on the ring decides; other nodes forward the check
-  there (it crosses one link). On a single node, this node owns every key.
+  there (it crosses one link). On a single node, this node owns every key. When the members
+  change, keys new to their owner start used up for one period (`RateLimits.owners_changed`).
 * `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
   every other member, which apply them to their copies (`cluster/rate_limits.py`).
 * `wait`: queue for the key, first come first served, at the node that decides, until go or
@@ -111,8 +112,14 @@ class RateLimitService:
         """Forget idle keys now and then; in a cluster, share this node's "go" events."""
         task_status.started()
         next_eviction = trio.current_time() + EVICT_INTERVAL
+        members: frozenset[str] | None = None
         while True:
             await trio.sleep(self._gossip_interval)
+            if self._membership is not None:
+                now_members = frozenset(self._membership.live_members())
+                if now_members != members:  # joined, or a member came or went
+                    self.core.owners_changed(self._clock())
+                    members = now_members
             self._share_events()
             if trio.current_time() >= next_eviction:
                 self.core.evict(self._clock())

@@ -92,3 +92,19 @@ def test_idle_keys_are_evicted():
     assert limits.evict(1.0) == 1  # the window is over; the bucket is not full yet
     assert limits.evict(4.0) == 1
     assert limits.keys() == 0
+
+
+def test_after_owners_change_keys_without_state_start_used_up_for_one_period():
+    limits = node("n1")
+    assert limits.check("api", "kept", 2, 0.0).go
+    limits.owners_changed(10.0)
+    # A key this node already decided for keeps its state (2 left, plus 10 s of refill: full).
+    assert limits.check("api", "kept", 4, 10.0).go
+    # A key it had no state for may have been used up by its late owner: nothing for 4 s
+    # (an empty bucket of 4 at 1 per second), then as the rule says.
+    decision = limits.check("api", "moved", 1, 10.0)
+    assert not decision.go and decision.retry_after == pytest.approx(1.0)
+    assert limits.check("api", "moved", 4, 14.0).go
+    assert limits.check("api", "new", 4, 14.0).go  # the period is over: fresh keys are fresh
+    # Gossip mode keys are everybody's: they do not wait.
+    assert limits.check("crawl", "moved", 5, 10.0).go
