@@ -5,8 +5,7 @@ records the admission) or sorry, with what remains and how long until `n` could 
 records an admission decided elsewhere (gossip mode: another node's "go", possibly late and out
 of order) and returns how much it puts the key beyond the algorithm's rule (the overshoot that
 gossip allowed). `idle_at` says when a state is as good as new (its key can be evicted).
-`used_up_state` is a key that may have been used up elsewhere just now (its previous owner
-died): nothing goes until `period` has passed.
+`values` and `from_values` carry a state to another node (hand-over and replicas).
 
 * `TokenBucket(capacity, rate)`: over any interval of t seconds, at most capacity + rate x t.
 * `FixedWindow(limit, window)`: at most `limit` per window; windows are aligned to multiples of
@@ -57,13 +56,11 @@ class TokenBucket:
     def new_state(self, now: float) -> _BucketState:
         return _BucketState(float(self.capacity), now)
 
-    def used_up_state(self, now: float) -> _BucketState:
-        return _BucketState(0.0, now)
+    def values(self, state: _BucketState) -> tuple[float, ...]:
+        return (float(state.tokens), float(state.stamp))
 
-    @property
-    def period(self) -> float:
-        """How long an admission weighs on later decisions: an empty bucket's refill."""
-        return self.capacity / self.rate
+    def from_values(self, values: tuple[float, ...]) -> _BucketState:
+        return _BucketState(values[0], values[1])
 
     def _refill(self, state: _BucketState, now: float) -> None:
         if now > state.stamp:
@@ -110,14 +107,13 @@ class FixedWindow:
     def new_state(self, now: float) -> _WindowState:
         return _WindowState(self._start_of(now))
 
-    def used_up_state(self, now: float) -> _WindowState:
-        state = _WindowState(self._start_of(now))
-        state.count = self.limit
-        return state
+    def values(self, state: _WindowState) -> tuple[float, ...]:
+        return (float(state.start), float(state.count), float(state.previous))
 
-    @property
-    def period(self) -> float:
-        return self.window
+    def from_values(self, values: tuple[float, ...]) -> _WindowState:
+        state = _WindowState(values[0])
+        state.count, state.previous = int(values[1]), int(values[2])
+        return state
 
     def _roll(self, state: _WindowState, now: float) -> None:
         start = self._start_of(now)
@@ -161,14 +157,13 @@ class SlidingLog:
     def new_state(self, now: float) -> _LogState:
         return _LogState()
 
-    def used_up_state(self, now: float) -> _LogState:
-        state = _LogState()
-        state.times = [now] * self.limit
-        return state
+    def values(self, state: _LogState) -> tuple[float, ...]:
+        return tuple(float(at) for at in state.times)
 
-    @property
-    def period(self) -> float:
-        return self.window
+    def from_values(self, values: tuple[float, ...]) -> _LogState:
+        state = _LogState()
+        state.times = sorted(values)[-self.limit :]
+        return state
 
     def _live(self, state: _LogState, now: float) -> int:
         """Drop the admissions that can no longer matter (more than `window` ago); how many are
@@ -222,14 +217,13 @@ class SlidingWindowCounter:
     def new_state(self, now: float) -> _WindowState:
         return _WindowState(self._start_of(now))
 
-    def used_up_state(self, now: float) -> _WindowState:
-        state = _WindowState(self._start_of(now))
-        state.count = self.limit
-        return state
+    def values(self, state: _WindowState) -> tuple[float, ...]:
+        return (float(state.start), float(state.count), float(state.previous))
 
-    @property
-    def period(self) -> float:
-        return 2 * self.window  # the previous window weighs on the current one
+    def from_values(self, values: tuple[float, ...]) -> _WindowState:
+        state = _WindowState(values[0])
+        state.count, state.previous = int(values[1]), int(values[2])
+        return state
 
     def _roll(self, state: _WindowState, now: float) -> None:
         start = self._start_of(now)
@@ -299,12 +293,11 @@ class Gcra:
     def new_state(self, now: float) -> _GcraState:
         return _GcraState(now)
 
-    def used_up_state(self, now: float) -> _GcraState:
-        return _GcraState(now + self._tolerance)
+    def values(self, state: _GcraState) -> tuple[float, ...]:
+        return (float(state.tat),)
 
-    @property
-    def period(self) -> float:
-        return self._tolerance
+    def from_values(self, values: tuple[float, ...]) -> _GcraState:
+        return _GcraState(values[0])
 
     def check(self, state: _GcraState, n: int, now: float) -> Decision:
         tat = max(state.tat, now) + n / self.rate

@@ -1,14 +1,17 @@
 """Named rate limiters and the keys this node decides for, pure: `now` comes in.
 
 A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a weight
-n. In `exact` mode the key's owner on the ring decides alone, so nothing is ever admitted beyond
-the algorithm's rule; when owners change, a key's new owner starts it used up for one period of
-the algorithm, since what the previous owner admitted is gone with it. In `gossip` mode the node
-a client talks to decides at once, from its own admissions plus those its peers gossip: each
-"go" becomes a `RateEvent` that goes to every other member, and a node applies the events it
-receives to its copy of the key (late and out of order is fine; a duplicate is recognised by its
-origin's sequence number and dropped). What gossip lets through beyond the rule is measured here
-(`overshoot`).
+n. In `exact` mode the key's owner on the ring decides alone, so nothing is admitted beyond the
+algorithm's rule. Owners send the state of the keys that changed to the keys' successors on the
+ring (replicas), and hand a key's state to its new owner when the members change, so a key
+survives its owner: only what an owner admitted in its last replication interval before a crash
+can be missing at its successor.
+
+In `gossip` mode the node a client talks to decides at once, from its own admissions plus those
+its peers gossip: each "go" becomes a `RateEvent` that goes to every other member, and a node
+applies the events it receives to its copy of the key (late and out of order is fine; a
+duplicate is recognised by its origin's sequence number and dropped). What gossip lets through
+beyond the rule is measured here (`overshoot`).
 """
 
 from __future__ import annotations
@@ -87,6 +90,20 @@ class RateEvents:
     events: tuple[RateEvent, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RateState:
+    """One key's state, on its way to a replica or a new owner (the algorithm's `values`)."""
+
+    limiter: str
+    key: str
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RateStates:
+    states: tuple[RateState, ...]
+
+
 @dataclass
 class LimiterStats:
     go: int = 0
@@ -114,9 +131,10 @@ class RateLimits:
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
-        # Exact mode: until when a key this node has no state for may have been used up by
-        # its previous owner (see `owners_changed`).
-        self._cautious_until = dict.fromkeys(configs, -math.inf)
+        # Exact mode: keys whose state changed since they were last replicated, and the
+        # replicas this node keeps for other owners.
+        self._changed: set[tuple[str, str]] = set()
+        self._replicas: dict[tuple[str, str], object] = {}
 
     @property
     def names(self) -> list[str]:
@@ -143,9 +161,12 @@ class RateLimits:
         algorithm = self._algorithms[limiter]
         state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
-        if decision.go and self._modes[limiter] == "gossip":
-            self._seq += 1
-            self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
+        if decision.go:
+            if self._modes[limiter] == "gossip":
+                self._seq += 1
+                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
+            else:
+                self._changed.add((limiter, key))
         if tally:
             self.tally(limiter, decision.go)
         return decision
@@ -164,14 +185,51 @@ class RateLimits:
         self.tally(limiter, False)
         return Decision(False, 0, retry_after)
 
-    def owners_changed(self, now: float) -> None:
-        """The members changed (or this node just joined): some keys this node decides now
-        were decided elsewhere until now, and what was admitted there is gone with that node.
-        For one `period` of each exact-mode limiter, a key without state here starts used up,
-        so nothing is admitted beyond the rule, ever; keys with state here keep it."""
-        for name, algorithm in self._algorithms.items():
-            if self._modes[name] == "exact":
-                self._cautious_until[name] = now + algorithm.period
+    # -- exact mode: replicas and hand-over ----------------------------------------------------
+
+    def changed_keys(self) -> list[tuple[str, str]]:
+        """Exact-mode keys whose state changed since the last call (to replicate)."""
+        changed, self._changed = list(self._changed), set()
+        return [key for key in changed if key in self._states]
+
+    def held_keys(self) -> list[tuple[str, str]]:
+        """Every exact-mode key whose state this node keeps."""
+        return [key for key in self._states if self._modes[key[0]] == "exact"]
+
+    def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
+        """The states of `keys` (from this node's own or, failing that, its replicas), to send;
+        `drop` forgets them here (handed over to their new owner)."""
+        states = []
+        for key in keys:
+            state = self._states.pop(key, None) if drop else self._states.get(key)
+            if state is None:
+                state = self._replicas.pop(key, None) if drop else None
+            if state is not None:
+                algorithm = self._algorithms[key[0]]
+                states.append(RateState(key[0], key[1], algorithm.values(state)))
+        return RateStates(tuple(states))
+
+    def store(self, message: RateStates, owned) -> None:
+        """States from another node: kept as this node's own for the keys `owned(limiter, key)`
+        says it decides and has no state for, as replicas otherwise."""
+        for item in message.states:
+            algorithm = self._algorithms.get(item.limiter)
+            if algorithm is None or self._modes[item.limiter] != "exact":
+                continue
+            key = (item.limiter, item.key)
+            state = algorithm.from_values(item.values)
+            if owned(*key):
+                self._states.setdefault(key, state)
+            else:
+                self._replicas[key] = state
+
+    def take_over(self, owned) -> int:
+        """The members changed: replicas of keys this node now decides become its own; how
+        many."""
+        taken = [key for key in self._replicas if owned(*key)]
+        for key in taken:
+            self._states.setdefault(key, self._replicas.pop(key))
+        return len(taken)
 
     def take_events(self) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any."""
@@ -203,6 +261,10 @@ class RateLimits:
         ]
         for key in idle:
             del self._states[key]
+        for key in [
+            k for k, state in self._replicas.items() if self._algorithms[k[0]].idle_at(state) <= now
+        ]:
+            del self._replicas[key]
         return len(idle)
 
     def keys(self) -> int:
@@ -211,11 +273,7 @@ class RateLimits:
     def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            if now < self._cautious_until[limiter]:
-                state = algorithm.used_up_state(now)
-            else:
-                state = algorithm.new_state(now)
-            self._states[(limiter, key)] = state
+            state = self._states[(limiter, key)] = algorithm.new_state(now)
         return state
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from sluicegate.cluster.membership import Gossip, MemberState
 from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateCheck, RateEvent, RateEvents, RateWait
+from sluicegate.cluster.rate_limits import (
+    RateCheck,
+    RateEvent,
+    RateEvents,
+    RateState,
+    RateStates,
+    RateWait,
+)
 from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
 from sluicegate.cluster.semaphore_leases import SemaphoreRecord
 from sluicegate.cluster.semaphore_ops import (
@@ -72,6 +79,8 @@ LINK_CODEC = Codec(
         36: Decision,
         37: RateEvent,
         38: RateEvents,
+        39: RateState,
+        40: RateStates,
         **HANDSHAKE_MESSAGES,
     }
 )

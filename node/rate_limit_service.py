@@ -1,8 +1,10 @@
 """Where a rate-limit check is decided, and the callers that wait for a key.
 
 * `exact` mode: the owner of (limiter, key) on the ring decides; other nodes forward the check
-  there (it crosses one link). On a single node, this node owns every key. When the members
-  change, keys new to their owner start used up for one period (`RateLimits.owners_changed`).
+  there (it crosses one link). On a single node, this node owns every key. Every
+  `gossip_interval`, the keys that changed go to their successors on the ring (replicas); when
+  the members change, replicas of keys a node now owns become its own, and keys it no longer
+  owns go to their new owner.
 * `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
   every other member, which apply them to their copies (`cluster/rate_limits.py`).
 * `wait`: queue for the key, first come first served, at the node that decides, until go or
@@ -30,6 +32,7 @@ from sluicegate.cluster.rate_limits import (
     RateEvents,
     RateLimits,
     RateOperation,
+    RateStates,
     RateWait,
 )
 from sluicegate.cluster.ring import rate_key
@@ -118,12 +121,18 @@ class RateLimitService:
             if self._membership is not None:
                 now_members = frozenset(self._membership.live_members())
                 if now_members != members:  # joined, or a member came or went
-                    self.core.owners_changed(self._clock())
                     members = now_members
+                    self.core.take_over(self._owned)
+                    self._hand_over()
+                self._replicate()
             self._share_events()
             if trio.current_time() >= next_eviction:
                 self.core.evict(self._clock())
                 next_eviction = trio.current_time() + EVICT_INTERVAL
+
+    def store(self, message: RateStates) -> None:
+        """Key states from another node: handed over to this one, or replicas."""
+        self.core.store(message, self._owned)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -173,6 +182,31 @@ class RateLimitService:
                 queue[0].turn.set()
         self.core.tally(op.limiter, decision.go)
         return decision
+
+    def _owned(self, limiter: str, key: str) -> bool:
+        return self._membership.ring.owner(rate_key(limiter, key)) == self._membership.node_id
+
+    def _hand_over(self) -> None:
+        """Keys this node kept that another member decides now go to it."""
+        ring, me = self._membership.ring, self._membership.node_id
+        leaving: dict[str, list] = {}
+        for key in self.core.held_keys():
+            owner = ring.owner(rate_key(*key))
+            if owner is not None and owner != me:
+                leaving.setdefault(owner, []).append(key)
+        for owner, keys in leaving.items():
+            self._links.send(owner, self.core.export(keys, drop=True))
+
+    def _replicate(self) -> None:
+        """The keys that changed here go to their successors, who take over if this node dies."""
+        ring, me = self._membership.ring, self._membership.node_id
+        by_successor: dict[str, list] = {}
+        for key in self.core.changed_keys():
+            owners = ring.preference_list(rate_key(*key), 2)
+            if len(owners) == 2 and owners[0] == me:
+                by_successor.setdefault(owners[1], []).append(key)
+        for successor, keys in by_successor.items():
+            self._links.send(successor, self.core.export(keys))
 
     def _share_events(self) -> None:
         if self._membership is None:

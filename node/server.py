@@ -13,7 +13,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from sluicegate.cluster.membership import Gossip, Membership
-from sluicegate.cluster.rate_limits import RateEvents, RateLimits, RateOperation
+from sluicegate.cluster.rate_limits import RateEvents, RateLimits, RateOperation, RateStates
 from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import Message as ShardMessage
 from sluicegate.cluster.shard import ShardCore
@@ -144,6 +144,8 @@ async def join_cluster(
                 nursery.start_soon(rpc.serve, remote_id, message, serve or shard_actor.call)
             elif isinstance(message, RateEvents):
                 rate_limits.receive(message)
+            elif isinstance(message, RateStates):
+                rate_limits.store(message)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
             elif isinstance(message, ShardMessage):

@@ -133,14 +133,17 @@ def wait_healthy(url: str, timeout: float = 10.0) -> None:
             time.sleep(0.05)
 
 
-def gauge(node: NodeProcess, name: str) -> float | None:
-    """The value of an unlabelled metric on a node's /metrics; None if absent or unreachable."""
+def gauge(node: NodeProcess, name: str, **labels: str) -> float | None:
+    """The value of a metric on a node's /metrics (with exactly these labels, if any); None if
+    absent or unreachable."""
     try:
         with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
             text = response.read().decode()
     except OSError:
         return None
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    if labels:
+        name += "{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}"
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else None
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -107,34 +108,44 @@ class RemainderSampler:
             time.sleep(0.05)
 
 
-@pytest.fixture
-def cluster(tmp_path):
+@contextmanager
+def running_cluster(tmp_path, config: str = CONFIG):
+    """Three ready nodes (n1 to n3) and HAProxy in front of them: (nodes by id, balancer)."""
     nodes = {
-        "n1": NodeProcess(CONFIG, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET)
+        "n1": NodeProcess(config, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET)
     }
-    nodes["n1"].start()
-    for name in ("n2", "n3"):
-        nodes[name] = NodeProcess(
-            CONFIG,
-            workdir=tmp_path / name,
-            args=["--node-id", name, "--join", f"127.0.0.1:{nodes['n1'].port}"],
-            env=SECRET,
-        ).start()
-    balancer = HaproxyProcess([n.url for n in nodes.values()], workdir=tmp_path / "haproxy")
     try:
-        balancer.start()
-        wait_until(
-            lambda: all(
-                is_ready(n.url) and gauge(n, "sluicegate_members_up") == 3 for n in nodes.values()
-            ),
-            15,
-            "three ready members",
-        )
-        yield nodes, balancer
+        nodes["n1"].start()
+        for name in ("n2", "n3"):
+            nodes[name] = NodeProcess(
+                config,
+                workdir=tmp_path / name,
+                args=["--node-id", name, "--join", f"127.0.0.1:{nodes['n1'].port}"],
+                env=SECRET,
+            ).start()
+        balancer = HaproxyProcess([n.url for n in nodes.values()], workdir=tmp_path / "haproxy")
+        try:
+            balancer.start()
+            wait_until(
+                lambda: all(
+                    is_ready(n.url) and gauge(n, "sluicegate_members_up") == 3
+                    for n in nodes.values()
+                ),
+                15,
+                "three ready members",
+            )
+            yield nodes, balancer
+        finally:
+            balancer.kill()
     finally:
-        balancer.kill()
         for node in nodes.values():
             node.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with running_cluster(tmp_path) as (nodes, balancer):
+        yield nodes, balancer
 
 
 def test_the_stock_client_works_through_the_load_balancer(cluster):

@@ -210,3 +210,21 @@ def test_late_admissions_from_elsewhere_report_the_overshoot_they_reveal():
     state = gcra.new_state(0.0)
     assert gcra.check(state, 2, 0.0).go
     assert gcra.consume(state, 1, 0.0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("make", ALGORITHMS, ids=["bucket", "gcra", "fixed", "log", "counter"])
+@settings(max_examples=50)
+@given(limit=limits, rate=rates, window=windows, sequence=requests)
+def test_a_state_carried_to_another_node_decides_the_same(make, limit, rate, window, sequence):
+    algorithm = make(limit, rate, window)
+    now = 1000.0
+    state = algorithm.new_state(now)
+    for gap, n in sequence:
+        now += gap * TICK
+        algorithm.check(state, min(n, algorithm.max_weight), now)
+    values = algorithm.values(state)
+    assert all(isinstance(value, float) for value in values)
+    carried = algorithm.from_values(values)
+    for step in range(1, 20):
+        later = now + step * 0.1
+        assert algorithm.check(carried, 1, later) == algorithm.check(state, 1, later)

@@ -94,17 +94,21 @@ def test_idle_keys_are_evicted():
     assert limits.keys() == 0
 
 
-def test_after_owners_change_keys_without_state_start_used_up_for_one_period():
-    limits = node("n1")
-    assert limits.check("api", "kept", 2, 0.0).go
-    limits.owners_changed(10.0)
-    # A key this node already decided for keeps its state (2 left, plus 10 s of refill: full).
-    assert limits.check("api", "kept", 4, 10.0).go
-    # A key it had no state for may have been used up by its late owner: nothing for 4 s
-    # (an empty bucket of 4 at 1 per second), then as the rule says.
-    decision = limits.check("api", "moved", 1, 10.0)
-    assert not decision.go and decision.retry_after == pytest.approx(1.0)
-    assert limits.check("api", "moved", 4, 14.0).go
-    assert limits.check("api", "new", 4, 14.0).go  # the period is over: fresh keys are fresh
-    # Gossip mode keys are everybody's: they do not wait.
-    assert limits.check("crawl", "moved", 5, 10.0).go
+def test_a_key_survives_its_owner_through_its_replica_and_moves_with_a_new_owner():
+    owner, successor = node("n1", 1), node("n2", 2)
+    for _ in range(3):
+        assert owner.check("api", "k", 1, 0.0).go
+    assert owner.changed_keys() == [("api", "k")]
+    assert owner.changed_keys() == []
+    successor.store(owner.export([("api", "k")]), owned=lambda limiter, key: False)
+    assert successor.keys() == 0  # a replica, not yet its own
+    assert successor.take_over(owned=lambda limiter, key: True) == 1
+    assert successor.check("api", "k", 1, 0.0).go
+    assert not successor.check("api", "k", 1, 0.0).go  # 3 there, 1 here: the bucket of 4
+    # The members change again: the key goes to a third node, and is gone here.
+    third = node("n3", 3)
+    message = successor.export(successor.held_keys(), drop=True)
+    assert successor.keys() == 0
+    third.store(message, owned=lambda limiter, key: True)
+    assert not third.check("api", "k", 1, 0.5).go
+    assert third.check("api", "k", 1, 1.0).go  # refilled one token in a second
