@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the package metadata changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench clean haproxy cluster
+.PHONY: run test lint bench clean haproxy redis cluster
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,23 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: $(INSTALLED)
+bench: $(INSTALLED) redis
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/http_semaphores.py
 	$(BIN)/python bench/forwarding.py
 	$(BIN)/python bench/ws_semaphores.py
+	PATH="$$PATH:/usr/sbin" $(BIN)/python bench/rate_limits.py
+
+# bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
+# a free loopback port). Installed as root, else through sudo. Tests do not need it.
+redis:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "redis-server is missing; installing it needs root or sudo: apt-get install redis-server" >&2; \
+	    exit 1; fi; \
+	  echo "Installing redis-server (Debian package)"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info
