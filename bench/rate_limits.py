@@ -111,19 +111,20 @@ class RedisServer:
 
 
 def redis_figures(client, duration: float) -> dict:
-    script = client.register_script(TOKEN_BUCKET)
+    """The fastest way redis-py offers: the script loaded once, then EVALSHA by its digest."""
+    sha = client.script_load(TOKEN_BUCKET)
     latencies = []
     end = time.perf_counter() + duration
     while time.perf_counter() < end:
         started = time.perf_counter()
-        script(keys=["bench"], args=[CAPACITY, RATE, time.time(), 1])
+        client.evalsha(sha, 1, "bench", CAPACITY, RATE, time.time(), 1)
         latencies.append(time.perf_counter() - started)
     done, started = 0, time.perf_counter()
     end = started + duration
     while time.perf_counter() < end:
         pipe = client.pipeline(transaction=False)
         for _ in range(PIPELINE):
-            script(keys=["bench"], args=[CAPACITY, RATE, time.time(), 1], client=pipe)
+            pipe.evalsha(sha, 1, "bench", CAPACITY, RATE, time.time(), 1)
         pipe.execute()
         done += PIPELINE
     return {
