@@ -1,6 +1,6 @@
 """Rate-limit decisions per second: a token bucket as a Redis Lua script against sluicegate.
 
-    python bench/rate_limits.py [--duration 5] [--redis-server /usr/bin/redis-server]
+    python bench/rate_limits.py [--duration 5] [--rounds 5] [--redis-server PATH]
 
 1. Redis (from Debian's packages; `make bench` installs it), started here on a free loopback
    port, with the token bucket of seed 002 as a Lua script called through redis-py: one call at
@@ -10,7 +10,8 @@
    batches what they ask into shared frames).
 
 The bucket never runs dry (capacity and rate of 10^9), so every decision costs the same on both
-sides. Target (issue 5): sluicegate's 64 callers at least 1.5 x Redis+Lua pipelined.
+sides. The measurements take turns (as in bench/ws_semaphores.py) and pool them. Target
+(issue 5): sluicegate's 64 callers at least 1.5 x Redis+Lua pipelined.
 """
 
 from __future__ import annotations
@@ -110,15 +111,17 @@ class RedisServer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def redis_figures(client, duration: float) -> dict:
-    """The fastest way redis-py offers: the script loaded once, then EVALSHA by its digest."""
-    sha = client.script_load(TOKEN_BUCKET)
+def redis_sequential(client, sha: str, duration: float) -> list[float]:
     latencies = []
     end = time.perf_counter() + duration
     while time.perf_counter() < end:
         started = time.perf_counter()
         client.evalsha(sha, 1, "bench", CAPACITY, RATE, time.time(), 1)
         latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def redis_pipelined(client, sha: str, duration: float) -> tuple[int, float]:
     done, started = 0, time.perf_counter()
     end = started + duration
     while time.perf_counter() < end:
@@ -127,22 +130,24 @@ def redis_figures(client, duration: float) -> dict:
             pipe.evalsha(sha, 1, "bench", CAPACITY, RATE, time.time(), 1)
         pipe.execute()
         done += PIPELINE
-    return {
-        "sequential_rate": len(latencies) / sum(latencies),
-        "p50_ms": statistics.median(latencies) * 1000,
-        "pipelined_rate": done / (time.perf_counter() - started),
-    }
+    return done, time.perf_counter() - started
 
 
-async def sluicegate_figures(url: str, duration: float) -> dict:
+async def sluicegate_sequential(url: str, duration: float) -> list[float]:
+    latencies = []
     async with await sg.connect(url) as client:
-        latencies = []
         end = trio.current_time() + duration
         while trio.current_time() < end:
             started = trio.current_time()
             await client.check("bench")
             latencies.append(trio.current_time() - started)
-        done = 0
+    return latencies
+
+
+async def sluicegate_concurrent(url: str, duration: float) -> tuple[int, float]:
+    done = 0
+    async with await sg.connect(url) as client:
+        await client.check("bench")  # connected
         started = trio.current_time()
         end = started + duration
 
@@ -155,28 +160,51 @@ async def sluicegate_figures(url: str, duration: float) -> dict:
         async with trio.open_nursery() as nursery:
             for _ in range(TASKS):
                 nursery.start_soon(caller)
-        return {
-            "sequential_rate": len(latencies) / sum(latencies),
-            "p50_ms": statistics.median(latencies) * 1000,
-            "concurrent_rate": done / (trio.current_time() - started),
-        }
+        return done, trio.current_time() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="turns each measurement is cut in")
     parser.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
     args = parser.parse_args()
 
-    print("Redis + Lua token bucket ...", file=sys.stderr, flush=True)
-    with RedisServer(args.redis_server) as redis_client:
-        redis = redis_figures(redis_client, args.duration)
-    print("sluicegate ...", file=sys.stderr, flush=True)
+    # Interleaved turns, pooled: what else the machine does weighs on both alike.
+    turn = args.duration / args.rounds
+    figures = {"redis_seq": [], "sg_seq": [], "redis_pipe": [0, 0.0], "sg_conc": [0, 0.0]}
     workdir = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
-    with NodeProcess(CONFIG, workdir=workdir) as node:
-        ours = trio.run(sluicegate_figures, f"ws://127.0.0.1:{node.port}", args.duration)
+    with (
+        RedisServer(args.redis_server) as redis_client,
+        NodeProcess(CONFIG, workdir=workdir) as node,
+    ):
+        sha = redis_client.script_load(TOKEN_BUCKET)
+        url = f"ws://127.0.0.1:{node.port}"
+        for number in range(args.rounds):
+            figures["redis_seq"] += redis_sequential(redis_client, sha, turn)
+            figures["sg_seq"] += trio.run(sluicegate_sequential, url, turn)
+            for name, (done, seconds) in (
+                ("redis_pipe", redis_pipelined(redis_client, sha, turn)),
+                ("sg_conc", trio.run(sluicegate_concurrent, url, turn)),
+            ):
+                figures[name][0] += done
+                figures[name][1] += seconds
+            print(f"  round {number + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    redis = {
+        "sequential_rate": len(figures["redis_seq"]) / sum(figures["redis_seq"]),
+        "p50_ms": statistics.median(figures["redis_seq"]) * 1000,
+        "pipelined_rate": figures["redis_pipe"][0] / figures["redis_pipe"][1],
+    }
+    ours = {
+        "sequential_rate": len(figures["sg_seq"]) / sum(figures["sg_seq"]),
+        "p50_ms": statistics.median(figures["sg_seq"]) * 1000,
+        "concurrent_rate": figures["sg_conc"][0] / figures["sg_conc"][1],
+    }
 
-    print(f"Rate-limit decisions, token bucket, {args.duration:g} s per measurement")
+    print(
+        f"Rate-limit decisions, token bucket, {args.duration:g} s per measurement "
+        f"in {args.rounds} turns"
+    )
     print(
         f"  Redis + Lua, sequential            {redis['sequential_rate']:8.0f} /s   "
         f"p50 {redis['p50_ms']:.3f} ms"

@@ -131,7 +131,16 @@ class Client:
 
     async def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
         """Go or sorry now, for `n` of `key` (none: the limiter is global)."""
-        answer = await self._call(lambda: self._session.check(limiter, key, n))
+        connection = self._connection
+        try:
+            # The usual case first, without the retry machinery: one request, one answer.
+            if connection is None or connection.closed:
+                raise ConnectionLost("not connected")
+            answer = await connection.call(self._session.check(limiter, key, n))
+        except (ConnectionLost, Unavailable) as failure:
+            answer = await self._call_patiently(
+                lambda: self._session.check(limiter, key, n), None, failure
+            )
         return RateDecision.from_answer(answer)
 
     def rate_limited(

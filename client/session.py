@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 class SluicegateError(Exception):
@@ -80,8 +81,7 @@ def error_from(answer: dict) -> SluicegateError:
     return error
 
 
-@dataclass(frozen=True)
-class RateDecision:
+class RateDecision(NamedTuple):
     """A rate limiter's answer: `go`, how much `remaining` right after it, and (a sorry) the
     seconds until the same request could go."""
 
