@@ -157,9 +157,12 @@ class RateLimits:
         """Go or sorry for `n` of `key` now; a go is recorded (and, in gossip mode, queued as
         an event for the other members). `tally=False` leaves the go and sorry counts alone
         (a waiting caller's tries: its outcome is tallied once, `tally`)."""
-        self.validate(limiter, n)
-        algorithm = self._algorithms[limiter]
-        state = self._state(limiter, algorithm, key, now)
+        algorithm = self._algorithms.get(limiter)
+        if algorithm is None or not 1 <= n <= algorithm.max_weight:
+            self.validate(limiter, n)  # raises what is wrong
+        state = self._states.get((limiter, key))
+        if state is None:
+            state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
         if decision.go:
             if self._modes[limiter] == "gossip":
@@ -168,7 +171,11 @@ class RateLimits:
             else:
                 self._changed.add((limiter, key))
         if tally:
-            self.tally(limiter, decision.go)
+            stats = self.stats[limiter]
+            if decision.go:
+                stats.go += 1
+            else:
+                stats.sorry += 1
         return decision
 
     def tally(self, limiter: str, go: bool) -> None:

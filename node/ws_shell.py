@@ -123,10 +123,11 @@ class WsConnection:
         try:
             if not self._rate_limits.serves_here(item.op):
                 return False
-            answer = protocol.ok(item.request_id, self._rate_limits.check_here(item.op))
+            decision = self._rate_limits.check_here(item.op)
         except (RateLimitError, Unavailable) as failure:
-            answer = protocol.domain_error(item.request_id, failure)
-        self._answers.append(answer)
+            self._answers.append(protocol.domain_error(item.request_id, failure))
+        else:
+            self._answers.append(protocol.decision(item.request_id, decision))
         return True
 
     def _apply(self, requests: list) -> None:
