@@ -93,8 +93,9 @@ class _WindowState:
         self.previous = 0
 
 
-class FixedWindow:
-    name = "fixed_window"
+class _Windows:
+    """What both window algorithms share: windows aligned to multiples of `window` since the
+    epoch, and a state of (start, count, previous count)."""
 
     def __init__(self, limit: int, window: float) -> None:
         self.limit = limit
@@ -114,6 +115,10 @@ class FixedWindow:
         state = _WindowState(values[0])
         state.count, state.previous = int(values[1]), int(values[2])
         return state
+
+
+class FixedWindow(_Windows):
+    name = "fixed_window"
 
     def _roll(self, state: _WindowState, now: float) -> None:
         start = self._start_of(now)
@@ -203,27 +208,8 @@ class SlidingLog:
         return state.times[-1] + self.window if state.times else -math.inf
 
 
-class SlidingWindowCounter:
+class SlidingWindowCounter(_Windows):
     name = "sliding_window"
-
-    def __init__(self, limit: int, window: float) -> None:
-        self.limit = limit
-        self.window = window
-        self.max_weight = limit
-
-    def _start_of(self, at: float) -> float:
-        return math.floor(at / self.window) * self.window
-
-    def new_state(self, now: float) -> _WindowState:
-        return _WindowState(self._start_of(now))
-
-    def values(self, state: _WindowState) -> tuple[float, ...]:
-        return (float(state.start), float(state.count), float(state.previous))
-
-    def from_values(self, values: tuple[float, ...]) -> _WindowState:
-        state = _WindowState(values[0])
-        state.count, state.previous = int(values[1]), int(values[2])
-        return state
 
     def _roll(self, state: _WindowState, now: float) -> None:
         start = self._start_of(now)
