@@ -230,14 +230,6 @@ class RateLimits:
             else:
                 self._replicas[key] = state
 
-    def take_over(self, owned) -> int:
-        """The members changed: replicas of keys this node now decides become its own; how
-        many."""
-        taken = [key for key in self._replicas if owned(*key)]
-        for key in taken:
-            self._states.setdefault(key, self._replicas.pop(key))
-        return len(taken)
-
     def take_events(self) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any."""
         if not self._outbox:
@@ -277,10 +269,15 @@ class RateLimits:
     def keys(self) -> int:
         return len(self._states)
 
+    def replicas(self) -> int:
+        return len(self._replicas)
+
     def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            state = self._states[(limiter, key)] = algorithm.new_state(now)
+            # A replica is what its late owner knew: the first decision here starts from it.
+            state = self._replicas.pop((limiter, key), None) or algorithm.new_state(now)
+            self._states[(limiter, key)] = state
         return state
 
 

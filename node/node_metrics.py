@@ -58,6 +58,11 @@ class RateLimitCollector(Collector):
         yield GaugeMetricFamily(
             "sluicegate_rate_limit_keys", "Keys whose state this node keeps.", value=core.keys()
         )
+        yield GaugeMetricFamily(
+            "sluicegate_rate_limit_replicas",
+            "Exact-mode keys this node keeps a replica of, for their owners.",
+            value=core.replicas(),
+        )
 
 
 class ClusterCollector(Collector):

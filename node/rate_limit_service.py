@@ -2,9 +2,9 @@
 
 * `exact` mode: the owner of (limiter, key) on the ring decides; other nodes forward the check
   there (it crosses one link). On a single node, this node owns every key. Every
-  `gossip_interval`, the keys that changed go to their successors on the ring (replicas); when
-  the members change, replicas of keys a node now owns become its own, and keys it no longer
-  owns go to their new owner.
+  `gossip_interval`, the keys that changed go to their successors on the ring (replicas), which
+  start from them when they come to decide those keys; when the members change, keys a node no
+  longer owns go to their new owner.
 * `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
   every other member, which apply them to their copies (`cluster/rate_limits.py`).
 * `wait`: queue for the key, first come first served, at the node that decides, until go or
@@ -122,7 +122,6 @@ class RateLimitService:
                 now_members = frozenset(self._membership.live_members())
                 if now_members != members:  # joined, or a member came or went
                     members = now_members
-                    self.core.take_over(self._owned)
                     self._hand_over()
                 self._replicate()
             self._share_events()

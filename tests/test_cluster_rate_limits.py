@@ -96,7 +96,15 @@ async def test_a_keys_owner_killed_mid_window_loses_nothing_it_replicated(tmp_pa
             async with await sg.connect([ws_url(survivor)]) as client:
                 for _ in range(15):
                     assert (await client.check("killed", key="k")).go
-                await trio.sleep(5 * GOSSIP_INTERVAL)  # replicated to the successor
+                ring = Ring(nodes)
+                successor = nodes[ring.preference_list(rate_key("killed", "k"), 2)[1]]
+                wait_until(
+                    lambda: (gauge(successor, "sluicegate_rate_limit_replicas") or 0) >= 1,
+                    10,
+                    "the key's replica at its successor",
+                )
+                # The replica exists; the last of the 15 reaches it within an interval or two.
+                await trio.sleep(10 * GOSSIP_INTERVAL)
                 owner.kill()
                 others = [n for n in nodes.values() if n is not owner]
                 wait_until(
