@@ -178,7 +178,13 @@ class Session:
         }
 
     def check(self, limiter: str, key: str, n: int) -> dict:
-        return {"id": next(self._ids), "op": "check", "limiter": limiter, "key": key, "n": n}
+        request = {"id": next(self._ids), "op": "check", "limiter": limiter}
+        # The defaults (no key, a weight of 1) are left out: smaller frames, both ways cheaper.
+        if key:
+            request["key"] = key
+        if n != 1:
+            request["n"] = n
+        return request
 
     def wait(self, limiter: str, key: str, n: int, timeout: float) -> dict:
         request = self.check(limiter, key, n)
