@@ -140,7 +140,11 @@ class RateLimitService:
         if self._membership is None or op.limiter not in self.waiting:
             return None  # a single node, or a limiter this node does not know: decided here
         if self.core.mode(op.limiter) == "gossip":
-            return None
+            return None  # every node decides: available as long as it runs
+        if not self._membership.in_majority():
+            # As semaphores do: a node cut off from most members decides nothing exact, since
+            # the majority side may have given its keys to another owner.
+            raise Unavailable("this node sees no majority of the members")
         owner = self._membership.ring.owner(rate_key(op.limiter, op.key))
         if owner is None:
             raise Unavailable("no member owns this key yet")

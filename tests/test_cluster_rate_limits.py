@@ -1,8 +1,13 @@
 """Rate limits on three real nodes: exact mode through HAProxy admits exactly the limit however
 many clients ask at once; gossip mode stays within its documented bound (and each node's
-overshoot metric finds what went beyond); a key's owner killed mid-window."""
+overshoot metric finds what went beyond); a key's owner killed mid-window; a node cut off from
+the majority."""
 
 from __future__ import annotations
+
+import signal
+import urllib.error
+import urllib.request
 
 import pytest
 import trio
@@ -123,3 +128,28 @@ async def test_a_keys_owner_killed_mid_window_loses_nothing_it_replicated(tmp_pa
                     went += 1
         assert went == 10  # a bucket of 25: the 15 before the kill still count
         assert all(is_ready(n.url) for n in others)
+
+
+def test_a_node_without_a_majority_decides_gossip_keys_but_no_exact_ones(tmp_path):
+    with running_cluster(tmp_path, CONFIG) as (nodes, balancer):
+        survivor, paused = nodes["n1"], [nodes["n2"], nodes["n3"]]
+        for node in paused:
+            node.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: not is_ready(survivor.url), 10, "n1 sees no majority")
+            assert post(survivor, "/rate_limits/exact/check?key=cut-off") == 503
+            assert post(survivor, "/rate_limits/gossip/check?key=cut-off") == 200
+        finally:
+            for node in paused:
+                node.signal(signal.SIGCONT)
+        wait_until(lambda: all(is_ready(n.url) for n in nodes.values()), 20, "all serve again")
+        assert post(survivor, "/rate_limits/exact/check?key=cut-off") == 200
+
+
+def post(node, path: str) -> int:
+    request = urllib.request.Request(f"{node.url}{path}", method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
