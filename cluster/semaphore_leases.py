@@ -98,6 +98,8 @@ class SemaphoreLeases:
         self._semaphores = {name: _Semaphore(name, cfg, epoch) for name, cfg in semaphores.items()}
         # The semaphores whose grace period runs: read on every wake-up, so not a scan of all.
         self._in_grace: set[str] = set()
+        # The semaphores with holders or waiters (tickets): `any_in_use` on every wake-up.
+        self._in_use: set[str] = set()
         self._events: list[LockGranted] = []
         # Restores that left a semaphore above its max (clients allowed it; operators watch it).
         self.restores_beyond_max = 0
@@ -119,6 +121,7 @@ class SemaphoreLeases:
         waiting = sem.queue.get(peer_id)
         if count == held or (waiting is not None and count == waiting[0]):
             sem.tickets[peer_id] = ticket
+            self._in_use.add(sem.name)
             return held is not None
         if held is not None or waiting is not None:
             self._drop(peer_id, sem)
@@ -129,6 +132,7 @@ class SemaphoreLeases:
             sem.queue[peer_id] = (count, now)
             sem.pending += count
         sem.tickets[peer_id] = ticket
+        self._in_use.add(sem.name)
         return peer_id in sem.holders
 
     def release(self, peer_id: int, semaphore: str, ticket: int | None = None) -> None:
@@ -172,6 +176,7 @@ class SemaphoreLeases:
             sem.acquired += count - previous
             sem.holders[peer_id] = count
         sem.tickets[peer_id] = ticket
+        self._in_use.add(sem.name)
         if sem.acquired > sem.max and count != previous:
             self.restores_beyond_max += 1
 
@@ -203,6 +208,7 @@ class SemaphoreLeases:
         for name in self._semaphores:
             self._semaphores[name] = _Semaphore(name, self._config[name], 0)
         self._in_grace.clear()
+        self._in_use.clear()
         self.merge(records, now, epoch, list(self._semaphores))
 
     def merge(
@@ -234,6 +240,8 @@ class SemaphoreLeases:
                     sem.queue[peer_id] = (count, now)
                     sem.tickets[peer_id] = 0
                     sem.pending += count
+            if sem.tickets:
+                self._in_use.add(sem.name)
 
     def ticket(self, peer_id: int, semaphore: str) -> int | None:
         return self._semaphore(semaphore).tickets.get(peer_id)
@@ -244,11 +252,15 @@ class SemaphoreLeases:
             old = self._semaphores[name]
             sem = self._semaphores[name] = _Semaphore(name, self._config[name], 0)
             self._in_grace.discard(name)
+            self._in_use.discard(name)
             sem.next_token = old.next_token
 
     def in_use(self, name: str) -> bool:
         sem = self._semaphore(name)
         return bool(sem.tickets)
+
+    def any_in_use(self) -> bool:
+        return bool(self._in_use)
 
     def start_grace(self, until: float, names: Iterable[str] | None = None) -> None:
         """After a takeover the holders are not known yet: until `until`, accept their restores
@@ -305,14 +317,15 @@ class SemaphoreLeases:
         if count is not None:
             sem.acquired -= count
             del sem.tokens[peer_id]
-            sem.tickets.pop(peer_id, None)
-            return True
-        waiting = sem.queue.pop(peer_id, None)
-        if waiting is not None:
+        else:
+            waiting = sem.queue.pop(peer_id, None)
+            if waiting is None:
+                return False
             sem.pending -= waiting[0]
-            sem.tickets.pop(peer_id, None)
-            return True
-        return False
+        sem.tickets.pop(peer_id, None)
+        if not sem.tickets:
+            self._in_use.discard(sem.name)
+        return True
 
     def _grant_waiters(self, sem: _Semaphore) -> None:
         # Strict FIFO: stop at the first waiter that does not fit, so a large count is never

@@ -657,7 +657,7 @@ class ShardCore:
                 self._send(home, LockAnswer(grant.peer_id, grant.semaphore, ticket, True, token))
 
     def _needs_audit(self) -> bool:
-        return any(self._leases.in_use(name) for name in self._config)
+        return self._leases.any_in_use()
 
     def _settled(self, now: float) -> bool:
         return not self._awaiting and now >= self._ring_changed_at + self._settle

@@ -126,6 +126,10 @@ def replay(seed: int) -> None:
             held = held_by_homes(net)
             for name, config in CONFIG.items():
                 assert held[name] <= config.max, (seed, number, name, held)
+        for node in net.nodes.values():
+            # The set the owners keep of semaphores in use agrees with the semaphores.
+            leases = node._leases
+            assert leases.any_in_use() == any(leases.in_use(n) for n in CONFIG), (seed, number)
 
     # The faults stop: everyone learns the members, and time passes.
     net.change_members()
