@@ -127,20 +127,11 @@ class Client:
         return Locking(self, semaphore, count, timeout)
 
     async def remainder(self, semaphore: str) -> int:
-        return await self._call(lambda: self._session.request("remainder", semaphore=semaphore))
+        return await self._call(None, self._session.remainder, semaphore)
 
     async def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
         """Go or sorry now, for `n` of `key` (none: the limiter is global)."""
-        connection = self._connection
-        try:
-            # The usual case first, without the retry machinery: one request, one answer.
-            if connection is None or connection.closed:
-                raise ConnectionLost("not connected")
-            answer = await connection.call(self._session.check(limiter, key, n))
-        except (ConnectionLost, Unavailable) as failure:
-            answer = await self._call_patiently(
-                lambda: self._session.check(limiter, key, n), None, failure
-            )
+        answer = await self._call(None, self._session.check, limiter, key, n)
         return RateDecision.from_answer(answer)
 
     def rate_limited(
@@ -155,7 +146,7 @@ class Client:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         while True:
             wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
-            answer = await self._call(lambda wait=wait: self._session.wait(limiter, key, n, wait))
+            answer = await self._call(None, self._session.wait, limiter, key, n, wait)
             decision = RateDecision.from_answer(answer)
             if decision.go:
                 return decision
@@ -178,7 +169,7 @@ class Client:
         self._session.released(peer, semaphore)
         peer.unsettled = True
         try:
-            await self._call(lambda: self._session.release(peer, semaphore), peer)
+            await self._call(peer, self._session.release, peer, semaphore)
         except Unavailable:
             return
         peer.unsettled = False
@@ -187,7 +178,7 @@ class Client:
         self._session.put_back(peer)
 
     async def _new_peer(self) -> Peer:
-        return self._session.created(await self._call(self._session.new_peer))
+        return self._session.created(await self._call(None, self._session.new_peer))
 
     async def _acquire(
         self, peer: Peer, semaphore: str, count: int, timeout: float | None
@@ -195,9 +186,7 @@ class Client:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         while True:
             wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
-            result = await self._call(
-                lambda wait=wait: self._session.acquire(peer, semaphore, count, wait), peer
-            )
+            result = await self._call(peer, self._session.acquire, peer, semaphore, count, wait)
             if self._session.acquired(peer, semaphore, count, result):
                 lease = Lease(semaphore, count, peer.held[semaphore].token)
                 self._leases.add(lease)
@@ -210,22 +199,23 @@ class Client:
     async def _release(self, peer: Peer, semaphore: str) -> None:
         self._session.released(peer, semaphore)
         try:
-            await self._call(lambda: self._session.release(peer, semaphore), peer)
+            await self._call(peer, self._session.release, peer, semaphore)
         except Unavailable:
             pass  # the peer's expiry releases it in the end
 
-    async def _call(self, build: Callable[[], dict], peer: Peer | None = None) -> object:
-        """Run the request `build()` makes on some node: reconnect (to the next URL) when the
-        connection breaks, restore `peer` when a node forgot it, retry while the cluster is
+    async def _call(self, peer: Peer | None, build: Callable[..., dict], *args: object) -> object:
+        """Run the request `build(*args)` makes on some node: reconnect (to the next URL) when
+        the connection breaks, restore `peer` when a node forgot it, retry while the cluster is
         unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent, so a
-        retry after a broken connection is safe."""
+        retry after a broken connection is safe. (The usual case, one request and its answer,
+        comes first and without the retry machinery: it is the hot path of every call.)"""
         connection = self._connection
-        if connection is None or connection.closed:
-            return await self._call_patiently(build, peer, None)
-        try:
-            return await connection.call(build())
-        except (ConnectionLost, UnknownPeer, Unavailable) as failure:
-            return await self._call_patiently(build, peer, failure)
+        if connection is not None and not connection.closed:
+            try:
+                return await connection.call(build(*args))
+            except (ConnectionLost, UnknownPeer, Unavailable) as failure:
+                return await self._call_patiently(lambda: build(*args), peer, failure)
+        return await self._call_patiently(lambda: build(*args), peer, None)
 
     async def _call_patiently(
         self, build: Callable[[], dict], peer: Peer | None, failure: Exception | None
@@ -248,7 +238,7 @@ class Client:
                 failure = error
 
     async def _restore(self, peer: Peer) -> None:
-        await self._call(lambda: self._session.restore(peer))
+        await self._call(None, self._session.restore, peer)
 
     async def _connected(self, give_up_at: float) -> Connection:
         connection = self._connection
@@ -289,12 +279,7 @@ class Client:
                 last_ok = trio.current_time()
 
     async def _heartbeat(self, peer: Peer) -> None:
-        await self._call(
-            lambda: self._session.request(
-                "heartbeat", peer=peer.peer_id, expires_in=self._session.expires_in
-            ),
-            peer,
-        )
+        await self._call(peer, self._session.heartbeat, peer)
 
     def _lose_leases(self) -> None:
         for lease in self._leases:

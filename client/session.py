@@ -130,6 +130,12 @@ class Session:
     def new_peer(self) -> dict:
         return self.request("new_peer", expires_in=self.expires_in)
 
+    def heartbeat(self, peer: Peer) -> dict:
+        return self.request("heartbeat", peer=peer.peer_id, expires_in=self.expires_in)
+
+    def remainder(self, semaphore: str) -> dict:
+        return self.request("remainder", semaphore=semaphore)
+
     def created(self, peer_id: int) -> Peer:
         peer = self.peers[peer_id] = Peer(peer_id)
         return peer

@@ -128,8 +128,8 @@ def decision(request_id: int, result: Decision) -> dict:
 
 def ok(request_id: int, result: object) -> dict:
     if isinstance(result, Decision):
-        result = {"go": result.go, "remaining": result.remaining, "retry_after": result.retry_after}
-    elif isinstance(result, AcquireOutcome):
+        return decision(request_id, result)
+    if isinstance(result, AcquireOutcome):
         result = (
             {"acquired": True, "token": result.fencing_token}
             if result.acquired
