@@ -74,6 +74,9 @@ class RateLimitService:
         self._membership: MembershipActor | None = None
         self._rpc: Rpc | None = None
         self._links: Links | None = None
+        # Does this node see a majority of the members? Looked at every `gossip_interval`, as
+        # the semaphores look at the members, rather than on every check.
+        self._majority = True
 
     def join_cluster(self, membership: MembershipActor, rpc: Rpc, links: Links) -> None:
         """From now on, exact-mode keys are decided by their owners, and gossip is shared."""
@@ -119,6 +122,7 @@ class RateLimitService:
         while True:
             await trio.sleep(self._gossip_interval)
             if self._membership is not None:
+                self._majority = self._membership.in_majority()
                 now_members = frozenset(self._membership.live_members())
                 if now_members != members:  # joined, or a member came or went
                     members = now_members
@@ -141,7 +145,7 @@ class RateLimitService:
             return None  # a single node, or a limiter this node does not know: decided here
         if self.core.mode(op.limiter) == "gossip":
             return None  # every node decides: available as long as it runs
-        if not self._membership.in_majority():
+        if not self._majority:
             # As semaphores do: a node cut off from most members decides nothing exact, since
             # the majority side may have given its keys to another owner.
             raise Unavailable("this node sees no majority of the members")
