@@ -43,6 +43,7 @@ bench: $(INSTALLED) redis
 	$(BIN)/python bench/http_semaphores.py
 	$(BIN)/python bench/forwarding.py
 	$(BIN)/python bench/ws_semaphores.py
+	$(BIN)/python bench/client_path.py
 	PATH="$$PATH:/usr/sbin" $(BIN)/python bench/rate_limits.py
 
 # bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
