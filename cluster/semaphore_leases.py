@@ -270,6 +270,9 @@ class SemaphoreLeases:
             self._semaphores[name].grace_until = until
             self._in_grace.add(name)
 
+    def in_grace(self) -> list[str]:
+        return sorted(self._in_grace)
+
     @property
     def grace_until(self) -> float | None:
         """When the next grace period ends; None while none runs."""

@@ -515,6 +515,10 @@ class ShardCore:
     def waiting_for_handoff(self) -> list[str]:
         return sorted(self._awaiting)
 
+    def semaphores_in_grace(self) -> list[str]:
+        """Semaphores that grant nothing new yet: taken over (or joined) moments ago."""
+        return self._leases.in_grace()
+
     @property
     def serving(self) -> bool:
         """Does this node serve its share (it knows the members, is in a majority, and has

@@ -99,6 +99,12 @@ class ClusterCollector(Collector):
             value=len(core.waiting_for_handoff()),
         )
         yield GaugeMetricFamily(
+            "sluicegate_semaphores_in_grace",
+            "Semaphores in a grace period after a takeover or a join: restores count, nothing "
+            "new is granted until it ends (takeover_grace).",
+            value=len(core.semaphores_in_grace()),
+        )
+        yield GaugeMetricFamily(
             "sluicegate_ready", "1 once this node serves requests.", value=int(self._service.ready)
         )
         yield CounterMetricFamily(

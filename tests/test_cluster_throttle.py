@@ -110,7 +110,9 @@ class RemainderSampler:
 
 @contextmanager
 def running_cluster(tmp_path, config: str = CONFIG):
-    """Three ready nodes (n1 to n3) and HAProxy in front of them: (nodes by id, balancer)."""
+    """Three ready nodes (n1 to n3) and HAProxy in front of them: (nodes by id, balancer).
+    A joiner's semaphores grant nothing new for `takeover_grace` after it joins, so this waits
+    for those grace periods to end too."""
     nodes = {
         "n1": NodeProcess(config, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET)
     }
@@ -128,11 +130,13 @@ def running_cluster(tmp_path, config: str = CONFIG):
             balancer.start()
             wait_until(
                 lambda: all(
-                    is_ready(n.url) and gauge(n, "sluicegate_members_up") == 3
+                    is_ready(n.url)
+                    and gauge(n, "sluicegate_members_up") == 3
+                    and gauge(n, "sluicegate_semaphores_in_grace") == 0
                     for n in nodes.values()
                 ),
                 15,
-                "three ready members",
+                "three ready members, none in a grace period",
             )
             yield nodes, balancer
         finally:

@@ -143,7 +143,9 @@ def test_an_owner_that_dies_is_replaced_from_its_replica_and_no_lease_is_lost():
     assert net.home(waiter).is_acquired(waiter) is False
     net.release(holders[1], "A")
     assert net.home(waiter).is_acquired(waiter) is False
+    assert "A" in successor.semaphores_in_grace()
     net.advance(TAKEOVER_GRACE + 0.1)
+    assert successor.semaphores_in_grace() == []
     assert net.home(waiter).is_acquired(waiter) is True
     assert net.token(waiter, "A") > max(tokens)
     assert net.acquired("A") == 3
