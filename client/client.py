@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -129,10 +129,10 @@ class Client:
     async def remainder(self, semaphore: str) -> int:
         return await self._call(None, self._session.remainder, semaphore)
 
-    async def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
-        """Go or sorry now, for `n` of `key` (none: the limiter is global)."""
-        answer = await self._call(None, self._session.check, limiter, key, n)
-        return RateDecision.from_answer(answer)
+    def check(self, limiter: str, key: str = "", n: int = 1) -> Awaitable[RateDecision]:
+        """`await client.check(...)`: go or sorry now, for `n` of `key` (none: the limiter is
+        global). (Not `async def`: one coroutine less per check, which is most of its cost.)"""
+        return self._call(None, self._session.check, limiter, key, n, then=RateDecision.from_answer)
 
     def rate_limited(
         self, limiter: str, key: str = "", n: int = 1, timeout: float | None = None
@@ -203,7 +203,13 @@ class Client:
         except Unavailable:
             pass  # the peer's expiry releases it in the end
 
-    async def _call(self, peer: Peer | None, build: Callable[..., dict], *args: object) -> object:
+    async def _call(
+        self,
+        peer: Peer | None,
+        build: Callable[..., dict],
+        *args: object,
+        then: Callable[[object], object] | None = None,
+    ) -> object:
         """Run the request `build(*args)` makes on some node: reconnect (to the next URL) when
         the connection breaks, restore `peer` when a node forgot it, retry while the cluster is
         unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent, so a
@@ -212,10 +218,12 @@ class Client:
         connection = self._connection
         if connection is not None and not connection.closed:
             try:
-                return await connection.call(build(*args))
+                result = await connection.call(build(*args))
             except (ConnectionLost, UnknownPeer, Unavailable) as failure:
-                return await self._call_patiently(lambda: build(*args), peer, failure)
-        return await self._call_patiently(lambda: build(*args), peer, None)
+                result = await self._call_patiently(lambda: build(*args), peer, failure)
+        else:
+            result = await self._call_patiently(lambda: build(*args), peer, None)
+        return result if then is None else then(result)
 
     async def _call_patiently(
         self, build: Callable[[], dict], peer: Peer | None, failure: Exception | None

@@ -36,14 +36,9 @@ class _Slot:
         # the socket for everyone. (trio's parking primitives: an Event each costs more.)
         self.sleeper: trio.lowlevel.Task | None = None
 
-    async def sleep(self) -> None:
-        self.sleeper = trio.lowlevel.current_task()
-
-        def abort(raise_cancel) -> trio.lowlevel.Abort:
-            self.sleeper = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def abort(self, raise_cancel) -> trio.lowlevel.Abort:
+        self.sleeper = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def wake(self) -> None:
         if self.sleeper is not None:
@@ -91,7 +86,7 @@ class Connection:
 
     async def call(self, request: dict) -> object:
         """Send `request` and wait for its answer; its result, or the error it carries."""
-        if self.closed:
+        if self._broken:  # (the client asks `closed` first; a socket closed since fails at send)
             raise ConnectionLost("the connection is closed")
         slot = self._waiting[request["id"]] = _Slot(request["id"])
         self._outbox.append(request)
@@ -104,7 +99,8 @@ class Connection:
             while slot.answer is None and not self._broken:
                 if self._reading:
                     self._sleepers.append(slot)
-                    await slot.sleep()
+                    slot.sleeper = trio.lowlevel.current_task()
+                    await trio.lowlevel.wait_task_rescheduled(slot.abort)
                 else:
                     await self._read_until(slot)
         finally:
