@@ -51,10 +51,14 @@ class Connection:
     own answer comes, it hands reading over to another waiting caller. So the answer to a lone
     request wakes only its caller, and an answer frame wakes the callers it answers."""
 
-    def __init__(self, ws, node: str, nursery: trio.Nursery) -> None:
+    def __init__(self, ws, node: str, nursery: trio.Nursery, check_times: bool = False) -> None:
         self._ws = ws
         self._nursery = nursery
         self.node = node
+        # Does the node take `times` on a check? Then runs of equal checks go as one request,
+        # and `_groups` maps such a request's id to the ids of the calls it stands for.
+        self._check_times = check_times
+        self._groups: dict[int, list[int]] = {}
         self._outbox: list[dict] = []
         self._ready = trio.Event()
         self._sending = False
@@ -80,7 +84,7 @@ class Connection:
                 welcome = msgpack.unpackb(await ws.get_message())
         except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError) as error:
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
-        connection = cls(ws, welcome.get("node", url), nursery)
+        connection = cls(ws, welcome.get("node", url), nursery, welcome.get("check_times", False))
         nursery.start_soon(connection._send_loop)
         return connection
 
@@ -141,13 +145,41 @@ class Connection:
                     half = len(batch) // 2
                     frames = [batch[:half], batch[half:]]
                 for frame in frames:
+                    self.requests_sent += len(frame)
+                    if self._check_times:
+                        frame = self._coalesce(frame)
                     await self._ws.send_message(msgpack.packb(frame))
                     self.frames_sent += 1
-                    self.requests_sent += len(frame)
         except _BROKEN:
             self._fail_all()
         finally:
             self._sending = False
+
+    def _coalesce(self, frame: list[dict]) -> list[dict]:
+        """Each run of checks with the same limiter, key and weight, as one check asked `times`
+        times (the node decides them one after another, as it would the run): many callers of
+        one limiter cost the node and this side one request and one answer per frame."""
+        coalesced: list[dict] = []
+        head: dict | None = None  # the check the current run started with
+        for request in frame:
+            if request["op"] != "check":
+                head = None
+            elif (
+                head is not None
+                and request["limiter"] == head["limiter"]
+                and request.get("key") == head.get("key")
+                and request.get("n") == head.get("n")
+            ):
+                ids = self._groups.get(head["id"])
+                if ids is None:
+                    ids = self._groups[head["id"]] = [head["id"]]
+                ids.append(request["id"])
+                head["times"] = len(ids)
+                continue
+            else:
+                head = request
+            coalesced.append(request)
+        return coalesced
 
     async def _send_alone(self) -> None:
         """`_send` from a caller's task, which may be cancelled. A cancel already pending leaves
@@ -169,6 +201,9 @@ class Connection:
             while slot.answer is None:
                 frame = await self._ws.get_message()
                 for answer in msgpack.unpackb(frame, strict_map_key=False):
+                    if self._groups and answer.get("id") in self._groups:
+                        self._answer_group(answer)
+                        continue
                     waiting = self._waiting.get(answer.get("id"))
                     if waiting is not None:
                         waiting.answer = answer
@@ -178,6 +213,17 @@ class Connection:
         finally:
             self._reading = False
             self._hand_over_reading()
+
+    def _answer_group(self, answer: dict) -> None:
+        """The answer to a check asked `times` times: a decision for each call, in order (or
+        one error for all)."""
+        ids = self._groups.pop(answer["id"])
+        results = answer.get("ok")
+        for position, request_id in enumerate(ids):
+            waiting = self._waiting.get(request_id)
+            if waiting is not None:
+                waiting.answer = {"ok": results[position]} if "ok" in answer else answer
+                waiting.wake()
 
     def _hand_over_reading(self) -> None:
         """Wake the caller asleep the longest that still waits: it reads next."""

@@ -58,6 +58,17 @@ class RateCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class RateChecks:
+    """`times` checks of the same `n` of `key`, one after another: what many callers of one
+    client asked at once, sent as one request (a list of decisions in order)."""
+
+    limiter: str
+    key: str
+    n: int
+    times: int
+
+
+@dataclass(frozen=True, slots=True)
 class RateWait:
     """Queue for the key (FIFO) until go, or sorry after `timeout` seconds."""
 
@@ -67,7 +78,7 @@ class RateWait:
     timeout: float
 
 
-RateOperation = RateCheck | RateWait
+RateOperation = RateCheck | RateChecks | RateWait
 
 
 @dataclass(frozen=True, slots=True)

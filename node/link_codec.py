@@ -7,6 +7,7 @@ from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import (
     RateCheck,
+    RateChecks,
     RateEvent,
     RateEvents,
     RateState,
@@ -81,6 +82,7 @@ LINK_CODEC = Codec(
         38: RateEvents,
         39: RateState,
         40: RateStates,
+        41: RateChecks,
         **HANDSHAKE_MESSAGES,
     }
 )

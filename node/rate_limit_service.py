@@ -29,6 +29,7 @@ import trio
 from sluicegate.cluster.rate_algorithms import SOON, Decision
 from sluicegate.cluster.rate_limits import (
     RateCheck,
+    RateChecks,
     RateEvents,
     RateLimits,
     RateOperation,
@@ -88,7 +89,7 @@ class RateLimitService:
         """Is `op` decided by this node (else `call` forwards it)?"""
         return self._owner(op) is None
 
-    def check_here(self, op: RateCheck) -> Decision:
+    def check_here(self, op: RateCheck | RateChecks) -> Decision:
         """Decide a check here, now."""
         queue = self._queues.get((op.limiter, op.key))
         if queue:
@@ -96,7 +97,11 @@ class RateLimitService:
             return self.core.refuse_behind_waiters(op.limiter, op.n, retry_after)
         return self.core.check(op.limiter, op.key, op.n, self._clock())
 
-    async def call(self, op: RateOperation) -> Decision:
+    def checks_here(self, op: RateChecks) -> list[Decision]:
+        """Decide `op.times` checks here, now, one after another."""
+        return [self.check_here(op) for _ in range(op.times)]
+
+    async def call(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` wherever it is decided; `Unavailable` while that cannot be done."""
         owner = self._owner(op)
         if owner is None:
@@ -104,10 +109,12 @@ class RateLimitService:
         timeout = FORWARD_TIMEOUT + (op.timeout if isinstance(op, RateWait) else 0.0)
         return await self._rpc.call(owner, op, timeout)
 
-    async def serve(self, op: RateOperation) -> Decision:
+    async def serve(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` here (also for another node that forwarded it)."""
         if isinstance(op, RateCheck):
             return self.check_here(op)
+        if isinstance(op, RateChecks):
+            return self.checks_here(op)
         return await self._wait_here(op)
 
     def receive(self, message: RateEvents) -> None:

@@ -42,7 +42,7 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class Reply:
     call_id: int
-    result: AcquireOutcome | Decision | bool | int | list[int] | None
+    result: AcquireOutcome | Decision | list[Decision] | bool | int | list[int] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import msgpack
 
 from sluicegate.cluster import errors
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateCheck, RateOperation, RateWait
+from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation, RateWait
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -100,7 +100,16 @@ def decode(frame: bytes | str, expect_hello: bool) -> dict | list[Request | Reje
         raise ProtocolViolation(
             CLOSE_UNDECODABLE, f"at most {MAX_REQUESTS_PER_FRAME} requests per frame"
         )
-    return [_request(item) for item in value]
+    requests = [_request(item) for item in value]
+    # A check asked `times` times counts as that many requests.
+    repeated = sum(
+        r.op.times - 1 for r in requests if type(r) is Request and type(r.op) is RateChecks
+    )
+    if len(value) + repeated > MAX_REQUESTS_PER_FRAME:
+        raise ProtocolViolation(
+            CLOSE_UNDECODABLE, f"at most {MAX_REQUESTS_PER_FRAME} requests per frame"
+        )
+    return requests
 
 
 def welcome(node_id: str, idle_timeout: float) -> bytes:
@@ -110,6 +119,7 @@ def welcome(node_id: str, idle_timeout: float) -> bytes:
             "node": node_id,
             "max_frame": MAX_FRAME,
             "idle_timeout": idle_timeout,
+            "check_times": True,  # a `check` may carry `times` (older nodes do not say so)
         }
     )
 
@@ -126,9 +136,21 @@ def decision(request_id: int, result: Decision) -> dict:
     }
 
 
+def decisions(request_id: int, results: list[Decision]) -> dict:
+    """The answer to a check asked `times` times: its decisions, in order."""
+    return {
+        "id": request_id,
+        "ok": [
+            {"go": d.go, "remaining": d.remaining, "retry_after": d.retry_after} for d in results
+        ],
+    }
+
+
 def ok(request_id: int, result: object) -> dict:
     if isinstance(result, Decision):
         return decision(request_id, result)
+    if isinstance(result, list) and result and isinstance(result[0], Decision):
+        return decisions(request_id, result)
     if isinstance(result, AcquireOutcome):
         result = (
             {"acquired": True, "token": result.fencing_token}
@@ -247,13 +269,18 @@ def _restore(item: dict) -> Restore:
     return Restore(_peer(item), _seconds(item, "expires_in"), acquired)
 
 
-def _check(item: dict) -> RateCheck:
+def _check(item: dict) -> RateCheck | RateChecks:
     limiter, key, n = item.get("limiter"), item.get("key", ""), item.get("n", 1)
-    if type(limiter) is str and type(key) is str and type(n) is int:
-        return RateCheck(limiter, key, n)  # the usual case, checked in one go
-    return RateCheck(
-        _field(item, "limiter", str), _field(item, "key", str, ""), _field(item, "n", int, 1)
-    )
+    if not (type(limiter) is str and type(key) is str and type(n) is int):
+        limiter = _field(item, "limiter", str)  # raises the error that names the field
+        key, n = _field(item, "key", str, ""), _field(item, "n", int, 1)
+    times = item.get("times", 1)
+    if times == 1 and type(times) is int:
+        return RateCheck(limiter, key, n)  # the usual case
+    times = _field(item, "times", int)
+    if not 1 <= times <= MAX_REQUESTS_PER_FRAME:
+        raise _BadRequest(f"field 'times' must be 1 to {MAX_REQUESTS_PER_FRAME}")
+    return RateChecks(limiter, key, n, times)
 
 
 def _wait(item: dict) -> RateWait:

@@ -17,7 +17,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from sluicegate.cluster.errors import RateLimitError, SemaphoreError
-from sluicegate.cluster.rate_limits import RateCheck, RateOperation
+from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation
 
 from . import ws_protocol as protocol
 from .links import MessageConnection
@@ -100,7 +100,7 @@ class WsConnection:
             if isinstance(item, protocol.Rejected):
                 self._answers.append(protocol.error(item.request_id, item.code, item.message))
                 continue
-            if isinstance(item.op, RateCheck) and self._check_now(item):
+            if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(item):
                 continue
             try:
                 self._in_flight.acquire_nowait()
@@ -123,11 +123,13 @@ class WsConnection:
         try:
             if not self._rate_limits.serves_here(item.op):
                 return False
-            decision = self._rate_limits.check_here(item.op)
+            if type(item.op) is RateCheck:
+                answer = protocol.decision(item.request_id, self._rate_limits.check_here(item.op))
+            else:
+                answer = protocol.decisions(item.request_id, self._rate_limits.checks_here(item.op))
         except (RateLimitError, Unavailable) as failure:
-            self._answers.append(protocol.domain_error(item.request_id, failure))
-        else:
-            self._answers.append(protocol.decision(item.request_id, decision))
+            answer = protocol.domain_error(item.request_id, failure)
+        self._answers.append(answer)
         return True
 
     def _apply(self, requests: list) -> None:

@@ -8,7 +8,13 @@ import trio
 from trio.testing import wait_all_tasks_blocked
 
 from sluicegate.cluster.errors import UnknownLimiter
-from sluicegate.cluster.rate_limits import RateCheck, RateLimiterConfig, RateLimits, RateWait
+from sluicegate.cluster.rate_limits import (
+    RateCheck,
+    RateChecks,
+    RateLimiterConfig,
+    RateLimits,
+    RateWait,
+)
 from sluicegate.node.rate_limit_service import RateLimitService
 
 
@@ -53,6 +59,19 @@ async def test_a_check_while_callers_wait_is_sorry_so_they_go_first(
     assert not (await service.call(RateCheck("slow", "k", 1))).go
     await trio.sleep(1.0)
     assert (await service.call(RateCheck("slow", "k", 1))).go
+
+
+async def test_a_repeated_check_is_decided_as_that_many_checks_in_a_row(
+    autojump_clock, service, nursery
+):
+    decisions = await service.call(RateChecks("slow", "k", 1, 3))
+    assert [d.go for d in decisions] == [True, False, False]
+    await trio.sleep(1.0)
+    nursery.start_soon(service.call, RateWait("slow", "k", 1, 100.0))
+    await wait_all_tasks_blocked()
+    await trio.sleep(0.5)
+    # Behind a waiter, each of them is sorry too.
+    assert [d.go for d in await service.call(RateChecks("slow", "k", 1, 2))] == [False, False]
 
 
 async def test_a_wait_that_runs_out_of_time_is_sorry(autojump_clock, service):

@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.rate_limits import RateCheck, RateChecks
 from sluicegate.cluster.semaphore_ops import Acquire, Restore
 from sluicegate.node import ws_protocol as protocol
 from sluicegate.node.rpc import Unavailable
@@ -24,6 +25,23 @@ def test_requests_become_the_operations_of_the_http_api():
     assert restore == protocol.Request(2, Restore(5, 10.0, {"A": 2}))
 
 
+def test_a_check_asked_times_times_is_one_request_that_counts_as_that_many():
+    [once, thrice] = decode(
+        {"id": 1, "op": "check", "limiter": "api", "times": 1},
+        {"id": 2, "op": "check", "limiter": "api", "key": "u", "n": 2, "times": 3},
+    )
+    assert once == protocol.Request(1, RateCheck("api", "", 1))
+    assert thrice == protocol.Request(2, RateChecks("api", "u", 2, 3))
+    decode(*[{"id": i, "op": "check", "limiter": "a", "times": 2} for i in range(5000)])
+    with pytest.raises(protocol.ProtocolViolation) as violation:
+        decode(
+            {"id": 0, "op": "check", "limiter": "a", "times": 2},
+            *[{"id": i, "op": "check", "limiter": "a", "times": 2} for i in range(1, 5000)],
+            {"id": 5000, "op": "check", "limiter": "a"},
+        )
+    assert violation.value.code == protocol.CLOSE_UNDECODABLE
+
+
 @pytest.mark.parametrize(
     ("request_map", "code"),
     [
@@ -38,6 +56,10 @@ def test_requests_become_the_operations_of_the_http_api():
         ),
         ({"id": 1, "op": "heartbeat", "peer": 1}, "bad_request"),
         ({"id": 1, "op": 7}, "unknown_op"),
+        ({"id": 1, "op": "check", "limiter": "api", "times": 0}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "api", "times": True}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "api", "times": 10_001}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "api", "times": "2"}, "bad_request"),
         ({"id": "1", "op": "new_peer"}, "bad_request"),
         ("not a map", "bad_request"),
     ],
