@@ -12,10 +12,10 @@ from collections import deque
 
 import msgpack
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
 
 from .recovery import ConnectionLost
 from .session import error_from
+from .websocket import HandshakeRefused, WebSocketClosed, connect
 
 PROTOCOL_VERSION = 1
 CONNECT_TIMEOUT = 5.0
@@ -23,7 +23,7 @@ CONNECT_TIMEOUT = 5.0
 SPLIT_AT = 32
 
 
-_BROKEN = (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError)
+_BROKEN = (WebSocketClosed, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class _Slot:
@@ -79,10 +79,10 @@ class Connection:
         """Connect to `url` (a node's `/ws`) and say hello; the connection lives in `nursery`."""
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
-                ws = await connect_websocket_url(nursery, url)
+                ws = await connect(url)
                 await ws.send_message(msgpack.packb({"hello": PROTOCOL_VERSION}))
                 welcome = msgpack.unpackb(await ws.get_message())
-        except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError) as error:
+        except (OSError, HandshakeRefused, *_BROKEN, trio.TooSlowError) as error:
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
         connection = cls(ws, welcome.get("node", url), nursery, welcome.get("check_times", False))
         nursery.start_soon(connection._send_loop)

@@ -1,0 +1,303 @@
+"""The client's WebSocket (RFC 6455): the opening handshake and frames, read by whoever asks.
+
+What the client needs of the protocol and no more: binary messages (fragmented or not) up to
+`MAX_MESSAGE`, ping answered with pong, the closing handshake. The framing is a sans-IO part
+(`handshake_request`, `accept_handshake`, `FrameReader`, `frame`: bytes in, events or bytes
+out) and a thin trio shell (`WebSocket`, `connect`).
+
+Why not trio-websocket here, as on the node: it reads each connection in a task of its own,
+hands every message on through a memory channel, and takes a lock (a trip through the
+scheduler) for every message sent; wsproto parses a frame through a chain of generators. A
+client calling a node with many tasks spent about a third of its time there. Here the caller
+of `get_message` reads the socket itself, and a frame is a few integer operations.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import ssl
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import trio
+
+MAX_MESSAGE = 1024 * 1024  # as trio-websocket's default, and the node's own frame limit
+MAX_HANDSHAKE = 16 * 1024
+RECEIVE_SIZE = 65536
+CLOSE_TIMEOUT = 1.0
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR, CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 1000, 1002, 1003, 1009
+
+
+class WebSocketClosed(Exception):
+    """The WebSocket is closed: by either side, or the connection broke."""
+
+
+class HandshakeRefused(Exception):
+    """The server did not accept the WebSocket."""
+
+
+class ProtocolError(Exception):
+    """The server broke the protocol; `code` is the close code to send."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+# -- sans-IO -----------------------------------------------------------------------------------
+
+
+def handshake_request(host: str, target: str) -> tuple[bytes, bytes]:
+    """The opening request and the accept value its answer must carry."""
+    key = base64.b64encode(os.urandom(16))
+    accept = base64.b64encode(hashlib.sha1(key + _GUID).digest())
+    request = (
+        f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key.decode()}\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    return request, accept
+
+
+def accept_handshake(head: bytes, accept: bytes) -> None:
+    """Check the server's answer (status line and headers, without the blank line)."""
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or parts[1] != "101":
+        raise HandshakeRefused(f"the server answered {status_line!r}, not 101")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("upgrade", "").lower() != "websocket":
+        raise HandshakeRefused("the server's answer does not upgrade to websocket")
+    if "upgrade" not in headers.get("connection", "").lower():
+        raise HandshakeRefused("the server's answer has no Connection: upgrade")
+    if headers.get("sec-websocket-accept", "").encode() != accept:
+        raise HandshakeRefused("the server's Sec-WebSocket-Accept is wrong")
+
+
+def frame(opcode: int, payload: bytes, mask: bytes) -> bytes:
+    """One final frame from the client: masked with `mask` (4 bytes), as RFC 6455 requires."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 65536:
+        header = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        header = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+    key = int.from_bytes(mask * (n // 4) + mask[: n % 4], "big")
+    return header + mask + (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    code: int
+    reason: str
+
+
+class FrameReader:
+    """Bytes from the server in (`feed`), events out (`next_event`): `Message`, `Ping`, `Close`;
+    None while a frame is incomplete. Pongs are dropped. `ProtocolError` on a frame the server
+    must not send (masked, reserved bits, text, a bad control frame, a message too big)."""
+
+    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+        self._buffer = bytearray()
+        self._start = 0
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._max_message = max_message
+
+    def feed(self, data: bytes) -> None:
+        if self._start:
+            del self._buffer[: self._start]
+            self._start = 0
+        self._buffer += data
+
+    def next_event(self) -> Message | Ping | Close | None:
+        while True:
+            buffer, start = self._buffer, self._start
+            if len(buffer) - start < 2:
+                return None
+            first, second = buffer[start], buffer[start + 1]
+            length, offset = second & 0x7F, start + 2
+            if length == 126:
+                if len(buffer) - start < 4:
+                    return None
+                length, offset = int.from_bytes(buffer[offset : offset + 2], "big"), offset + 2
+            elif length == 127:
+                if len(buffer) - start < 10:
+                    return None
+                length, offset = int.from_bytes(buffer[offset : offset + 8], "big"), offset + 8
+            if first & 0x70 or second & 0x80:
+                raise ProtocolError(CLOSE_PROTOCOL_ERROR, "reserved bits or a masked frame")
+            opcode, final = first & 0x0F, first & 0x80
+            if opcode >= CLOSE and (length > 125 or not final):
+                raise ProtocolError(CLOSE_PROTOCOL_ERROR, "a control frame too long or in parts")
+            if opcode < CLOSE and self._size + length > self._max_message:
+                raise ProtocolError(CLOSE_TOO_BIG, f"a message over {self._max_message} bytes")
+            if len(buffer) < offset + length:
+                return None
+            payload = bytes(buffer[offset : offset + length])
+            self._start = offset + length
+            event = self._take(opcode, bool(final), payload)
+            if event is not None:
+                return event
+
+    def _take(self, opcode: int, final: bool, payload: bytes) -> Message | Ping | Close | None:
+        if opcode == BINARY or opcode == CONTINUATION:
+            if (opcode == BINARY) == bool(self._parts):
+                raise ProtocolError(CLOSE_PROTOCOL_ERROR, "a message fragment out of order")
+            if final and not self._parts:
+                return Message(payload)
+            self._parts.append(payload)
+            self._size += len(payload)
+            if not final:
+                return None
+            data = b"".join(self._parts)
+            self._parts, self._size = [], 0
+            return Message(data)
+        if opcode == PING:
+            return Ping(payload)
+        if opcode == PONG:
+            return None
+        if opcode == CLOSE:
+            if len(payload) >= 2:
+                reason = payload[2:].decode("utf-8", "replace")
+                return Close(int.from_bytes(payload[:2], "big"), reason)
+            return Close(1005, "")
+        if opcode == TEXT:
+            raise ProtocolError(CLOSE_UNSUPPORTED, "binary messages only")
+        raise ProtocolError(CLOSE_PROTOCOL_ERROR, f"unknown opcode {opcode}")
+
+
+# -- the trio shell ----------------------------------------------------------------------------
+
+
+class WebSocket:
+    """An open WebSocket. `get_message` is for one caller at a time (the client's reading
+    baton); sends may overlap (a pong while a message goes out)."""
+
+    def __init__(self, stream: trio.abc.Stream, reader: FrameReader) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._send_lock = trio.Lock()
+        self.closed: str | None = None  # why, once closed
+
+    async def send_message(self, message: bytes) -> None:
+        if self.closed is not None:
+            raise WebSocketClosed(self.closed)
+        await self._send(frame(BINARY, message, os.urandom(4)))
+
+    async def get_message(self) -> bytes:
+        while True:
+            if self.closed is not None:
+                raise WebSocketClosed(self.closed)
+            try:
+                event = self._reader.next_event()
+            except ProtocolError as error:
+                why = f"the server broke the protocol: {error}"
+                await self._close(error.code, error.reason, why)
+                continue
+            if isinstance(event, Message):
+                return event.data
+            if isinstance(event, Ping):
+                await self._send(frame(PONG, event.payload, os.urandom(4)))
+            elif isinstance(event, Close):
+                code = 1000 if event.code == 1005 else event.code
+                await self._close(code, "", f"closed by the server ({event.code} {event.reason})")
+            else:
+                try:
+                    data = await self._stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                    data, why = b"", f"the connection broke: {error!r}"
+                else:
+                    why = "the server closed the connection"
+                if not data:
+                    self.closed = self.closed or why
+                    await trio.aclose_forcefully(self._stream)
+                    continue
+                self._reader.feed(data)
+
+    async def aclose(self) -> None:
+        if self.closed is None:
+            await self._close(CLOSE_NORMAL, "", "closed by the client")
+        else:
+            await trio.aclose_forcefully(self._stream)
+
+    async def _close(self, code: int, reason: str, why: str) -> None:
+        """Send a close frame (as far as the socket takes it in `CLOSE_TIMEOUT`), then close."""
+        self.closed = self.closed or why
+        payload = code.to_bytes(2, "big") + reason.encode()[:123]
+        try:
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._send(frame(CLOSE, payload, os.urandom(4)))
+        except WebSocketClosed:
+            pass
+        finally:
+            await trio.aclose_forcefully(self._stream)
+
+    async def _send(self, data: bytes) -> None:
+        # The usual case, nobody else sending, without a trip through the scheduler.
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.closed = self.closed or f"the connection broke: {error!r}"
+            raise WebSocketClosed(self.closed) from None
+        finally:
+            self._send_lock.release()
+
+
+async def connect(url: str, ssl_context: ssl.SSLContext | None = None) -> WebSocket:
+    """Open a WebSocket to `url` (`ws://` or `wss://`). Not bounded in time: the caller is."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError(f"not a WebSocket URL: {url!r}")
+    secure = parts.scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    if secure:
+        stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
+            parts.hostname, port, ssl_context=ssl_context or ssl.create_default_context()
+        )
+    else:
+        stream = await trio.open_tcp_stream(parts.hostname, port)
+    try:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        request, accept = handshake_request(parts.netloc.rsplit("@", 1)[-1], target)
+        await stream.send_all(request)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            if len(received) > MAX_HANDSHAKE:
+                raise HandshakeRefused("the server's answer to the handshake is too long")
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                raise HandshakeRefused("the server closed the connection during the handshake")
+            received += data
+        head, _, rest = received.partition(b"\r\n\r\n")
+        accept_handshake(head, accept)
+        reader = FrameReader()
+        reader.feed(rest)
+        return WebSocket(stream, reader)
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
