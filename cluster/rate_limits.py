@@ -115,6 +115,20 @@ class RateStates:
     states: tuple[RateState, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RatePull:
+    """From a node that joined (or came back to a majority): send me the exact-mode keys I own
+    now, and decide them no more."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateHandoff:
+    """The answer to `RatePull`: every state (own or replica) of the keys the puller owns; the
+    sender decides none of them any more."""
+
+    states: tuple[RateState, ...]
+
+
 @dataclass
 class LimiterStats:
     go: int = 0
@@ -211,8 +225,19 @@ class RateLimits:
         return [key for key in changed if key in self._states]
 
     def held_keys(self) -> list[tuple[str, str]]:
-        """Every exact-mode key whose state this node keeps."""
+        """Every exact-mode key whose state this node keeps as its own."""
         return [key for key in self._states if self._modes[key[0]] == "exact"]
+
+    def replica_keys(self) -> list[tuple[str, str]]:
+        return list(self._replicas)
+
+    def drop_exact(self) -> None:
+        """Forget every exact-mode state and replica: this node lost its majority, whose side
+        may give its keys to other owners meanwhile. It pulls them back when it rejoins."""
+        for key in self.held_keys():
+            del self._states[key]
+        self._replicas.clear()
+        self._changed.clear()
 
     def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
         """The states of `keys` (from this node's own or, failing that, its replicas), to send;
@@ -227,7 +252,7 @@ class RateLimits:
                 states.append(RateState(key[0], key[1], algorithm.values(state)))
         return RateStates(tuple(states))
 
-    def store(self, message: RateStates, owned) -> None:
+    def store(self, message: RateStates | RateHandoff, owned) -> None:
         """States from another node: kept as this node's own for the keys `owned(limiter, key)`
         says it decides and has no state for, as replicas otherwise."""
         for item in message.states:

@@ -10,6 +10,8 @@ from sluicegate.cluster.rate_limits import (
     RateChecks,
     RateEvent,
     RateEvents,
+    RateHandoff,
+    RatePull,
     RateState,
     RateStates,
     RateWait,
@@ -83,6 +85,8 @@ LINK_CODEC = Codec(
         39: RateState,
         40: RateStates,
         41: RateChecks,
+        42: RatePull,
+        43: RateHandoff,
         **HANDSHAKE_MESSAGES,
     }
 )

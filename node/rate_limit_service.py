@@ -4,7 +4,11 @@
   there (it crosses one link). On a single node, this node owns every key. Every
   `gossip_interval`, the keys that changed go to their successors on the ring (replicas), which
   start from them when they come to decide those keys; when the members change, keys a node no
-  longer owns go to their new owner.
+  longer owns go to their new owner. A node that joins (or gets its majority back, having
+  dropped its exact keys when it lost it) asks every member for the keys it owns now
+  (`RatePull`, again every interval) and decides no exact key before each answered
+  (`RateHandoff`, sent once that member counts it in and stops deciding them): so two nodes
+  never decide one key at once, and no decision of the old owner is lost.
 * `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
   every other member, which apply them to their copies (`cluster/rate_limits.py`).
 * `wait`: queue for the key, first come first served, at the node that decides, until go or
@@ -31,8 +35,10 @@ from sluicegate.cluster.rate_limits import (
     RateCheck,
     RateChecks,
     RateEvents,
+    RateHandoff,
     RateLimits,
     RateOperation,
+    RatePull,
     RateStates,
     RateWait,
 )
@@ -78,10 +84,20 @@ class RateLimitService:
         # Does this node see a majority of the members? Looked at every `gossip_interval`, as
         # the semaphores look at the members, rather than on every check.
         self._majority = True
+        # The members whose `RateHandoff` this node waits for before it decides exact keys.
+        self._awaiting: set[str] = set()
+        # A node that joins learns the members for `settle` seconds (as its semaphores do)
+        # before it takes any exact key as its own.
+        self._members_known = False
+        self._known_at = 0.0
 
-    def join_cluster(self, membership: MembershipActor, rpc: Rpc, links: Links) -> None:
-        """From now on, exact-mode keys are decided by their owners, and gossip is shared."""
+    def join_cluster(
+        self, membership: MembershipActor, rpc: Rpc, links: Links, settle: float
+    ) -> None:
+        """From now on, exact-mode keys are decided by their owners (after `settle` seconds to
+        learn who they are), and gossip is shared."""
         self._membership, self._rpc, self._links = membership, rpc, links
+        self._known_at = trio.current_time() + settle
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -111,6 +127,8 @@ class RateLimitService:
 
     async def serve(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` here (also for another node that forwarded it)."""
+        if self._membership is not None and self.core.mode(op.limiter) == "exact":
+            self._refuse_until_handed_over()
         if isinstance(op, RateCheck):
             return self.check_here(op)
         if isinstance(op, RateChecks):
@@ -128,12 +146,22 @@ class RateLimitService:
         members: frozenset[str] | None = None
         while True:
             await trio.sleep(self._gossip_interval)
-            if self._membership is not None:
-                self._majority = self._membership.in_majority()
+            if self._membership is not None and trio.current_time() >= self._known_at:
+                self._members_known = True
+                majority = self._membership.in_majority()
+                if self._majority and not majority:
+                    self.core.drop_exact()
+                    members = None  # rejoin when the majority is back
+                self._majority = majority
                 now_members = frozenset(self._membership.live_members())
-                if now_members != members:  # joined, or a member came or went
+                if majority and now_members != members:  # joined, or a member came or went
+                    if members is None:
+                        self._awaiting = set(now_members) - {self._membership.node_id}
+                    self._awaiting &= now_members  # one that died answers no more
                     members = now_members
                     self._hand_over()
+                for node_id in sorted(self._awaiting):
+                    self._links.send(node_id, RatePull())
                 self._replicate()
             self._share_events()
             if trio.current_time() >= next_eviction:
@@ -143,6 +171,24 @@ class RateLimitService:
     def store(self, message: RateStates) -> None:
         """Key states from another node: handed over to this one, or replicas."""
         self.core.store(message, self._owned)
+
+    def pulled(self, node_id: str) -> None:
+        """`node_id` joined and asks for the keys it owns now: once this node counts it as a
+        member (so forwards those keys to it from now on), they go, and are decided here no
+        more. Until then it asks again."""
+        if self._membership is None or node_id not in self._membership.live_members():
+            return
+        ring = self._membership.ring
+        keys = [
+            key
+            for key in self.core.held_keys() + self.core.replica_keys()
+            if ring.owner(rate_key(*key)) == node_id
+        ]
+        self._links.send(node_id, RateHandoff(self.core.export(keys, drop=True).states))
+
+    def handed_over(self, node_id: str, message: RateHandoff) -> None:
+        self.core.store(message, self._owned)
+        self._awaiting.discard(node_id)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -159,7 +205,16 @@ class RateLimitService:
         owner = self._membership.ring.owner(rate_key(op.limiter, op.key))
         if owner is None:
             raise Unavailable("no member owns this key yet")
-        return None if owner == self._membership.node_id else owner
+        if owner != self._membership.node_id:
+            return owner
+        self._refuse_until_handed_over()
+        return None
+
+    def _refuse_until_handed_over(self) -> None:
+        if not self._members_known:
+            raise Unavailable("this node is still joining the cluster")
+        if self._awaiting:
+            raise Unavailable("this node joined moments ago: its keys are on their way to it")
 
     async def _wait_here(self, op: RateWait) -> Decision:
         self.core.validate(op.limiter, op.n)

@@ -13,7 +13,14 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from sluicegate.cluster.membership import Gossip, Membership
-from sluicegate.cluster.rate_limits import RateEvents, RateLimits, RateOperation, RateStates
+from sluicegate.cluster.rate_limits import (
+    RateEvents,
+    RateHandoff,
+    RateLimits,
+    RateOperation,
+    RatePull,
+    RateStates,
+)
 from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import Message as ShardMessage
 from sluicegate.cluster.shard import ShardCore
@@ -146,6 +153,10 @@ async def join_cluster(
                 rate_limits.receive(message)
             elif isinstance(message, RateStates):
                 rate_limits.store(message)
+            elif isinstance(message, RatePull):
+                rate_limits.pulled(remote_id)
+            elif isinstance(message, RateHandoff):
+                rate_limits.handed_over(remote_id, message)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
             elif isinstance(message, ShardMessage):
@@ -189,7 +200,7 @@ async def join_cluster(
     )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id
-    rate_limits.join_cluster(membership_actor, rpc, links)
+    rate_limits.join_cluster(membership_actor, rpc, links, settle=cluster.down_after)
     app.join_cluster(semaphores, links)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:

@@ -1,7 +1,7 @@
 """Rate limits on three real nodes: exact mode through HAProxy admits exactly the limit however
 many clients ask at once; gossip mode stays within its documented bound (and each node's
-overshoot metric finds what went beyond); a key's owner killed mid-window; a node cut off from
-the majority."""
+overshoot metric finds what went beyond); a key's owner killed mid-window; a node that joins
+while its keys are being checked; a node cut off from the majority."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import trio
 from sluicegate import client as sg
 from sluicegate.cluster.ring import Ring, rate_key
 
-from .nodes import gauge, is_ready, wait_until
-from .test_cluster_throttle import running_cluster
+from .nodes import NodeProcess, gauge, is_ready, wait_until
+from .test_cluster_throttle import SECRET, running_cluster
 
 pytestmark = pytest.mark.process
 
@@ -130,6 +130,42 @@ async def test_a_keys_owner_killed_mid_window_loses_nothing_it_replicated(tmp_pa
         assert all(is_ready(n.url) for n in others)
 
 
+async def test_a_joining_owner_decides_nothing_before_its_keys_are_handed_to_it(tmp_path):
+    # A key that n3 owns once it is a member, used up to 30 of 40 while n1 and n2 decide it.
+    key = next(
+        f"k{i}"
+        for i in range(1000)
+        if Ring(["n1", "n2", "n3"]).owner(rate_key("exact", f"k{i}")) == "n3"
+    )
+    nodes = []
+    try:
+        for name in ("n1", "n2"):
+            args = ["--node-id", name]
+            if nodes:
+                args += ["--join", f"127.0.0.1:{nodes[0].port}"]
+            nodes.append(
+                NodeProcess(CONFIG, workdir=tmp_path / name, args=args, env=SECRET).start()
+            )
+        wait_until(lambda: all(gauge(n, "sluicegate_members_up") == 2 for n in nodes), 15, "2 up")
+        with trio.fail_after(TIMEOUT):
+            async with await sg.connect([ws_url(nodes[0])]) as client:
+                for _ in range(30):
+                    assert (await client.check("exact", key=key)).go
+            # n3 joins, and is asked for its key from the moment it listens, as are the others.
+            args = ["--node-id", "n3", "--join", f"127.0.0.1:{nodes[0].port}"]
+            nodes.append(
+                NodeProcess(CONFIG, workdir=tmp_path / "n3", args=args, env=SECRET).start()
+            )
+            went = await hammer(
+                [ws_url(n) for n in reversed(nodes)], "exact", key, clients=3, tasks=4
+            )
+        assert went == 10
+        assert gauge(nodes[2], "sluicegate_rate_limit_keys") == 1  # n3 decides it now
+    finally:
+        for node in nodes:
+            node.kill()
+
+
 def test_a_node_without_a_majority_decides_gossip_keys_but_no_exact_ones(tmp_path):
     with running_cluster(tmp_path, CONFIG) as (nodes, balancer):
         survivor, paused = nodes["n1"], [nodes["n2"], nodes["n3"]]
@@ -148,7 +184,12 @@ def test_a_node_without_a_majority_decides_gossip_keys_but_no_exact_ones(tmp_pat
             for node in paused:
                 node.signal(signal.SIGCONT)
         wait_until(lambda: all(is_ready(n.url) for n in nodes.values()), 20, "all serve again")
-        assert post(survivor, "/rate_limits/exact/check?key=cut-off") == 200
+        # Back in the majority, it asks the others for its exact keys before it decides them.
+        wait_until(
+            lambda: post(survivor, "/rate_limits/exact/check?key=cut-off") == 200,
+            10,
+            "exact checks decided again",
+        )
 
 
 def post(node, path: str) -> int:

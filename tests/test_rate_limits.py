@@ -112,3 +112,18 @@ def test_a_key_survives_its_owner_through_its_replica_and_moves_with_a_new_owner
     third.store(message, owned=lambda limiter, key: True)
     assert not third.check("api", "k", 1, 0.5).go
     assert third.check("api", "k", 1, 1.0).go  # refilled one token in a second
+
+
+def test_a_node_that_loses_its_majority_forgets_its_exact_keys_but_not_its_gossip():
+    limits = node("n1")
+    assert limits.check("api", "own", 1, 0.0).go
+    assert limits.check("crawl", "g", 1, 0.0).go
+    other = node("n2", 2)
+    assert other.check("api", "theirs", 1, 0.0).go
+    limits.store(other.export([("api", "theirs")]), owned=lambda limiter, key: False)
+    assert limits.held_keys() == [("api", "own")]
+    assert limits.replica_keys() == [("api", "theirs")]
+    limits.drop_exact()
+    assert (limits.held_keys(), limits.replica_keys(), limits.changed_keys()) == ([], [], [])
+    assert limits.keys() == 1  # the gossip key stays
+    assert limits.check("api", "own", 4, 0.0).go  # a bucket of 4, as good as new here

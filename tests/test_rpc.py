@@ -15,7 +15,7 @@ from trio_websocket import wrap_client_stream, wrap_server_stream
 
 from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateChecks
+from sluicegate.cluster.rate_limits import RateChecks, RateHandoff, RatePull, RateState
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -141,6 +141,8 @@ def test_rpc_messages_round_trip_through_the_link_codec():
         Call(6, RateChecks("api", "u1", 2, 3)),
         Reply(6, [Decision(True, 4, 0.0), Decision(False, 0, 0.25)]),
         Reply(7, Decision(True, 1, 0.0)),
+        RatePull(),
+        RateHandoff((RateState("api", "u1", (3.5, 12.25)),)),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
 
