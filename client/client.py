@@ -36,6 +36,7 @@ from .session import (
     Unavailable,
     UnknownPeer,
 )
+from .websocket import OpenWebSocket, open_websocket
 
 DEFAULT_EXPIRES_IN = 30.0
 # Waits longer than this are split, so a lost connection is noticed and the wait resumed.
@@ -73,13 +74,23 @@ def _ws_url(url: str) -> str:
 
 
 class Client:
-    def __init__(self, urls: list[str], *, expires_in: float) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        expires_in: float,
+        rng: random.Random | None = None,
+        open_websocket: OpenWebSocket = open_websocket,
+    ) -> None:
+        """`rng` and `open_websocket` are seams for the simulations, which run clients over
+        memory streams with one seeded random source."""
         self._session = Session(expires_in)
         self._connection: Connection | None = None
         self._connecting = trio.Lock()
         self._leases: set[Lease] = set()
         self._nursery: trio.Nursery | None = None
-        self._rng = random.Random()
+        self._rng = rng or random.Random()
+        self._open_websocket = open_websocket
         self._nodes = NodeChoice(urls, self._rng)
         # The peer of the current task's outermost lock (contexts are per task in trio).
         self._task_peer: ContextVar[Peer | None] = ContextVar("sluicegate_peer", default=None)
@@ -257,7 +268,9 @@ class Client:
                 return self._connection
             while True:
                 try:
-                    self._connection = await Connection.open(self._nursery, self._nodes.url)
+                    self._connection = await Connection.open(
+                        self._nursery, self._nodes.url, self._open_websocket
+                    )
                 except ConnectionLost:
                     decision = self._nodes.failed(trio.current_time(), give_up_at)
                     if isinstance(decision, GiveUp):

@@ -15,7 +15,7 @@ import trio
 
 from .recovery import ConnectionLost
 from .session import error_from
-from .websocket import HandshakeRefused, WebSocketClosed, connect
+from .websocket import HandshakeRefused, OpenWebSocket, WebSocketClosed, open_websocket
 
 PROTOCOL_VERSION = 1
 CONNECT_TIMEOUT = 5.0
@@ -75,11 +75,13 @@ class Connection:
         return self._broken or self._ws.closed is not None
 
     @classmethod
-    async def open(cls, nursery: trio.Nursery, url: str) -> Connection:
+    async def open(
+        cls, nursery: trio.Nursery, url: str, open_websocket: OpenWebSocket = open_websocket
+    ) -> Connection:
         """Connect to `url` (a node's `/ws`) and say hello; the connection lives in `nursery`."""
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
-                ws = await connect(url)
+                ws = await open_websocket(url)
                 await ws.send_message(msgpack.packb({"hello": PROTOCOL_VERSION}))
                 welcome = msgpack.unpackb(await ws.get_message())
         except (OSError, HandshakeRefused, *_BROKEN, trio.TooSlowError) as error:

@@ -18,6 +18,7 @@ import base64
 import hashlib
 import os
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -268,7 +269,11 @@ class WebSocket:
             self._send_lock.release()
 
 
-async def connect(url: str, ssl_context: ssl.SSLContext | None = None) -> WebSocket:
+# How a client opens a WebSocket to a URL: `open_websocket`, or a simulated network's.
+OpenWebSocket = Callable[[str], Awaitable["WebSocket"]]
+
+
+async def open_websocket(url: str, ssl_context: ssl.SSLContext | None = None) -> WebSocket:
     """Open a WebSocket to `url` (`ws://` or `wss://`). Not bounded in time: the caller is."""
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
@@ -281,9 +286,14 @@ async def connect(url: str, ssl_context: ssl.SSLContext | None = None) -> WebSoc
         )
     else:
         stream = await trio.open_tcp_stream(parts.hostname, port)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return await handshake(stream, parts.netloc.rsplit("@", 1)[-1], target)
+
+
+async def handshake(stream: trio.abc.Stream, host: str, target: str) -> WebSocket:
+    """The opening handshake over `stream` (closed if it fails)."""
     try:
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        request, accept = handshake_request(parts.netloc.rsplit("@", 1)[-1], target)
+        request, accept = handshake_request(host, target)
         await stream.send_all(request)
         received = b""
         while b"\r\n\r\n" not in received:

@@ -92,6 +92,7 @@ class ClusterSemaphores:
         settle: float,
         settled_ticks: int,
         clock: Callable[[], float] = trio.current_time,
+        epoch: Callable[[], int] = epoch_now,
     ) -> None:
         self._actor = actor
         self._membership = membership
@@ -100,6 +101,7 @@ class ClusterSemaphores:
         self._settle = settle
         self._settled_ticks = settled_ticks
         self._clock = clock
+        self._epoch = epoch
         self._members_known = False
         self.forwarded = 0
 
@@ -201,7 +203,7 @@ class ClusterSemaphores:
             members = self._membership.generations()
             majority = self._membership.in_majority()
             if (members, majority) != previous:
-                await self._actor.members_changed(members, epoch_now(), cold, majority)
+                await self._actor.members_changed(members, self._epoch(), cold, majority)
                 if not majority:
                     log.warning(
                         "Members %s are no majority of the cluster: serving nothing until more "

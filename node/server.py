@@ -8,6 +8,7 @@ import math
 import random
 import signal
 import time
+from collections.abc import Callable
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -28,7 +29,7 @@ from sluicegate.cluster.shard import ShardCore
 from .app import NodeApp
 from .config import NodeConfig
 from .link_codec import LINK_CODEC
-from .links import Links, websocket_dialer
+from .links import Dialer, Links, websocket_dialer
 from .listener import serve
 from .membership_actor import MembershipActor
 from .node_metrics import ClusterCollector, NodeMetrics, RateLimitCollector
@@ -131,13 +132,21 @@ async def join_cluster(
     config: NodeConfig,
     address: str,
     *,
+    dialer: Dialer = websocket_dialer,
+    rng: random.Random | None = None,
+    generation: int | None = None,
+    epoch: Callable[[], int] = epoch_now,
     task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores, SemaphoreActor]],
 ) -> None:
-    """Run membership, node links and forwarding for this node, reachable at `address`."""
+    """Run membership, node links and forwarding for this node, reachable at `address`.
+
+    The seams, for the simulations (`simulations/`), which run nodes over memory streams under a
+    virtual clock: how links are dialled, the random source, this life's generation (default:
+    the wall clock, which orders a node's lives) and the fencing epoch's clock."""
     cluster = config.cluster
     assert cluster.secret, "the command line refuses a cluster without a secret"
     node_id = cluster.node_id or address
-    rng = random.Random()
+    rng = rng or random.Random()
     membership_actor: MembershipActor | None = None
     shard_actor: SemaphoreActor | None = None
     rpc: Rpc | None = None
@@ -168,7 +177,7 @@ async def join_cluster(
         node_id,
         cluster.secret.encode(),
         LINK_CODEC,
-        websocket_dialer,
+        dialer,
         deliver,
         rng,
         on_link_down=lambda remote_id: rpc.link_down(remote_id),
@@ -176,14 +185,18 @@ async def join_cluster(
     rpc = Rpc(links)
     # A new generation per start: the wall clock only orders this node's own lives.
     membership = Membership(
-        node_id, address, time.time_ns(), cluster.join, down_after=cluster.down_after
+        node_id,
+        address,
+        time.time_ns() if generation is None else generation,
+        cluster.join,
+        down_after=cluster.down_after,
     )
     membership_actor = MembershipActor(membership, links, interval=cluster.gossip_interval, rng=rng)
     core = ShardCore(
         node_id,
         config.semaphores,
         rng=rng,
-        epoch=epoch_now(),
+        epoch=epoch(),
         settle=cluster.down_after,
         takeover_grace=cluster.takeover_grace,
         cold_start_grace=cluster.cold_start_grace,
@@ -197,6 +210,7 @@ async def join_cluster(
         links,
         settle=cluster.down_after,
         settled_ticks=math.ceil(cluster.down_after / cluster.gossip_interval),
+        epoch=epoch,
     )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id

@@ -168,7 +168,7 @@ async def test_messages_of_every_size_go_both_ways_and_pings_are_answered(nurser
 
     url = await serve(nursery, echo)
     with trio.fail_after(TIMEOUT):
-        ws = await websocket.connect(url + "/ws")
+        ws = await websocket.open_websocket(url + "/ws")
         for size in (0, 1, 126, 65536, 300_000):
             message = bytes(range(256)) * (size // 256) + bytes(size % 256)
             await ws.send_message(message)
@@ -186,7 +186,7 @@ async def test_a_close_from_the_server_is_answered_and_raised(nursery):
 
     url = await serve(nursery, close_at_once)
     with trio.fail_after(TIMEOUT):
-        ws = await websocket.connect(url + "/ws")
+        ws = await websocket.open_websocket(url + "/ws")
         with pytest.raises(WebSocketClosed, match="4000 go away"):
             await ws.get_message()
         await closed.wait()
@@ -206,11 +206,11 @@ async def test_a_text_message_closes_with_1003_and_a_refusal_is_no_websocket(nur
 
     url = await serve(nursery, say_text)
     with trio.fail_after(TIMEOUT):
-        ws = await websocket.connect(url + "/ws")
+        ws = await websocket.open_websocket(url + "/ws")
         with pytest.raises(WebSocketClosed, match="binary messages only"):
             await ws.get_message()
         while not close_code:
             await trio.sleep(0.01)
         assert close_code == [1003]
         with pytest.raises(HandshakeRefused, match="403"):
-            await websocket.connect(url + "/elsewhere")
+            await websocket.open_websocket(url + "/elsewhere")
