@@ -50,6 +50,8 @@ class Lease:
     semaphore: str
     count: int
     fencing_token: int | None
+    # The peer that holds it (the cluster's name for the lock hierarchy it belongs to).
+    peer_id: int = 0
     lost: bool = False
     _scope: trio.CancelScope | None = field(default=None, repr=False)
 
@@ -120,7 +122,10 @@ class Client:
     async def __aexit__(self, *exc_info) -> bool | None:
         try:
             if self._connection is not None and not self._connection.closed:
-                with trio.move_on_after(2):
+                # Shielded (and bounded): a cancel from outside must not raise in here, where
+                # the client's own nursery is still to be exited with `exc_info`.
+                with trio.move_on_after(2) as releasing:
+                    releasing.shield = True
                     async with trio.open_nursery() as nursery:
                         for peer_id in list(self._session.peers):
                             request = self._session.request("release_peer", peer=peer_id)
@@ -199,7 +204,7 @@ class Client:
             wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
             result = await self._call(peer, self._session.acquire, peer, semaphore, count, wait)
             if self._session.acquired(peer, semaphore, count, result):
-                lease = Lease(semaphore, count, peer.held[semaphore].token)
+                lease = Lease(semaphore, count, peer.held[semaphore].token, peer.peer_id)
                 self._leases.add(lease)
                 return lease
             if trio.current_time() >= deadline:

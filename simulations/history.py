@@ -1,0 +1,53 @@
+"""What the clients saw, in virtual time: the record the checkers judge, and the trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    at: float
+    kind: str  # "granted", "released", "refused", "note"
+    who: str
+    semaphore: str = ""
+    count: int = 0
+    token: int | None = None
+    peer_id: int = 0
+    detail: str = ""
+
+
+class History:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.operations = 0
+
+    def granted(
+        self, who: str, semaphore: str, count: int, token: int | None, peer_id: int
+    ) -> None:
+        self.operations += 1
+        self._add(Event(trio.current_time(), "granted", who, semaphore, count, token, peer_id))
+
+    def released(self, who: str, semaphore: str, count: int, lost: bool) -> None:
+        self.operations += 1
+        detail = "lost" if lost else ""
+        self._add(Event(trio.current_time(), "released", who, semaphore, count, detail=detail))
+
+    def refused(self, who: str, semaphore: str, why: str) -> None:
+        self.operations += 1
+        self._add(Event(trio.current_time(), "refused", who, semaphore, detail=why))
+
+    def note(self, text: str) -> None:
+        self._add(Event(trio.current_time(), "note", "-", detail=text))
+
+    def lines(self) -> list[str]:
+        return [
+            f"{e.at:10.4f} {e.kind:<8} {e.who:<6} {e.semaphore} {e.count or ''}"
+            f"{'' if e.token is None else f' token={e.token}'} {e.detail}".rstrip()
+            for e in self.events
+        ]
+
+    def _add(self, event: Event) -> None:
+        self.events.append(event)
