@@ -17,6 +17,8 @@ sides. The measurements take turns (as in bench/ws_semaphores.py) and pool them.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import socket
 import statistics
@@ -163,6 +165,16 @@ async def sluicegate_concurrent(url: str, duration: float) -> tuple[int, float]:
         return done, trio.current_time() - started
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process, or of process `pid` (Linux `/proc`)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
@@ -173,6 +185,8 @@ def main() -> None:
     # Interleaved turns, pooled: what else the machine does weighs on both alike.
     turn = args.duration / args.rounds
     figures = {"redis_seq": [], "sg_seq": [], "redis_pipe": [0, 0.0], "sg_conc": [0, 0.0]}
+    # CPU seconds spent by this client and by the node during the 64-caller turns.
+    cpu = {"client": 0.0, "node": 0.0}
     workdir = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
     with (
         RedisServer(args.redis_server) as redis_client,
@@ -183,9 +197,13 @@ def main() -> None:
         for number in range(args.rounds):
             figures["redis_seq"] += redis_sequential(redis_client, sha, turn)
             figures["sg_seq"] += trio.run(sluicegate_sequential, url, turn)
+            before = cpu_seconds(), cpu_seconds(node.process.pid)
+            concurrent = trio.run(sluicegate_concurrent, url, turn)
+            cpu["client"] += cpu_seconds() - before[0]
+            cpu["node"] += cpu_seconds(node.process.pid) - before[1]
             for name, (done, seconds) in (
                 ("redis_pipe", redis_pipelined(redis_client, sha, turn)),
-                ("sg_conc", trio.run(sluicegate_concurrent, url, turn)),
+                ("sg_conc", concurrent),
             ):
                 figures[name][0] += done
                 figures[name][1] += seconds
@@ -215,6 +233,11 @@ def main() -> None:
         f"p50 {ours['p50_ms']:.3f} ms"
     )
     print(f"  sluicegate, {TASKS} callers, one client  {ours['concurrent_rate']:8.0f} /s")
+    checks = figures["sg_conc"][0]
+    print(
+        f"    CPU per check: client {cpu['client'] / checks * 1e6:.1f} us, "
+        f"node {cpu['node'] / checks * 1e6:.1f} us (the client's includes connecting)"
+    )
     ratio = ours["concurrent_rate"] / redis["pipelined_rate"]
     print(f"  sluicegate {TASKS} callers / Redis pipelined: {ratio:.2f}x (target >= 1.50x)")
 

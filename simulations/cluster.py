@@ -9,8 +9,8 @@ severs its connections; a restart is a new object with empty memory, as a proces
 
 from __future__ import annotations
 
-import logging
 import random
+from dataclasses import replace
 
 import trio
 from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
@@ -29,7 +29,6 @@ from sluicegate.node.wire import MAX_FRAME
 
 from .network import SimNetwork
 
-log = logging.getLogger("sluicegate.simulations")
 
 SECRET = "simulated-cluster"
 PORT = 8000
@@ -55,10 +54,9 @@ class SimNode:
     ) -> None:
         self.node_id = node_id
         self.address = f"{node_id}:{PORT}"
-        self.config = NodeConfig(
-            semaphores=config.semaphores,
-            rate_limits=config.rate_limits,
-            cluster=_with(config, node_id, join),
+        self.config = replace(
+            config,
+            cluster=replace(config.cluster, node_id=node_id, join=join, secret=SECRET),
         )
         self._network = network
         self._rng = rng
@@ -84,7 +82,6 @@ class SimNode:
             )
             self.app = NodeApp(LocalSemaphores(actor), self.rate_limits, node_id=self.node_id)
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 await nursery.start(actor.run)
                 await nursery.start(self.rate_limits.run)
                 self._network.listen(
@@ -137,9 +134,3 @@ class SimNode:
                 pass
             finally:
                 nursery.cancel_scope.cancel()
-
-
-def _with(config: NodeConfig, node_id: str, join: tuple[str, ...]):
-    from dataclasses import replace
-
-    return replace(config.cluster, node_id=node_id, join=join, secret=SECRET)
