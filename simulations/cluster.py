@@ -29,7 +29,6 @@ from sluicegate.node.wire import MAX_FRAME
 
 from .network import SimNetwork
 
-
 SECRET = "simulated-cluster"
 PORT = 8000
 
