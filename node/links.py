@@ -62,12 +62,22 @@ class Challenge:
 @dataclass(frozen=True, slots=True)
 class Hello:
     node_id: str
+    generation: int
     proof: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
     node_id: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Linked:
+    """The other end of a link that passed the handshake: which node, in which life."""
+
+    node_id: str
+    generation: int
 
 
 # Tags of the handshake; a node's own message tags must stay clear of them.
@@ -98,25 +108,30 @@ async def _receive_one(conn: MessageConnection, codec: Codec, expected: type) ->
 
 
 async def dialer_handshake(
-    conn: MessageConnection, codec: Codec, node_id: str, secret: bytes
-) -> str:
-    """Answer the challenge; returns the accepting node's id."""
+    conn: MessageConnection, codec: Codec, node_id: str, generation: int, secret: bytes
+) -> Linked:
+    """Answer the challenge; returns the accepting node."""
     try:
         challenge = await _receive_one(conn, codec, Challenge)
         proof = proof_of_secret(secret, challenge.nonce, node_id, challenge.server_id)
-        await conn.send_message(codec.encode([Hello(node_id, proof)]))
+        await conn.send_message(codec.encode([Hello(node_id, generation, proof)]))
         welcome = await _receive_one(conn, codec, Welcome)
     except ConnectionClosed as closed:
         raise LinkRefused(f"closed during the handshake: {closed.reason}") from None
     if welcome.node_id != challenge.server_id:
         raise LinkRefused("the welcome came from another node than the challenge")
-    return welcome.node_id
+    return Linked(welcome.node_id, welcome.generation)
 
 
 async def acceptor_handshake(
-    conn: MessageConnection, codec: Codec, node_id: str, secret: bytes, rng: random.Random
-) -> str:
-    """Challenge the dialer; returns its node id, or closes with 4401 and raises LinkRefused."""
+    conn: MessageConnection,
+    codec: Codec,
+    node_id: str,
+    generation: int,
+    secret: bytes,
+    rng: random.Random,
+) -> Linked:
+    """Challenge the dialer; returns it, or closes with 4401 and raises LinkRefused."""
     nonce = rng.randbytes(16)
     try:
         await conn.send_message(codec.encode([Challenge(node_id, nonce)]))
@@ -130,8 +145,8 @@ async def acceptor_handshake(
     if not hmac.compare_digest(hello.proof, expected) or hello.node_id == node_id:
         await conn.aclose(CLOSE_UNAUTHORIZED, "not a member of this cluster")
         raise LinkRefused(f"{hello.node_id!r} does not know the cluster secret")
-    await conn.send_message(codec.encode([Welcome(node_id)]))
-    return hello.node_id
+    await conn.send_message(codec.encode([Welcome(node_id, generation)]))
+    return Linked(hello.node_id, hello.generation)
 
 
 class Link:
@@ -148,10 +163,13 @@ class Link:
         self._codec = codec
         self._deliver = deliver
         self._on_down = on_down
-        self._outbox: deque[object] = deque(maxlen=OUTBOX_LIMIT)
+        # (The life of the remote node the sender meant it for, or None for any; the message.)
+        self._outbox: deque[tuple[int | None, object]] = deque(maxlen=OUTBOX_LIMIT)
         self._wake = trio.Event()
         self._carrier: trio.CancelScope | None = None
+        self._remote_generation: int | None = None
         self.dropped = 0
+        self.stale = 0
         self.frames_sent = 0
         self._sending = False
 
@@ -164,21 +182,27 @@ class Link:
         """Nothing queued and nothing being sent."""
         return not self._outbox and not self._sending
 
-    def send(self, message: object) -> None:
-        """Queue a message; it leaves with the next frame, or when the link is up again."""
+    def send(self, message: object, generation: int | None = None) -> None:
+        """Queue a message; it leaves with the next frame, or when the link is up again.
+
+        A message meant for one life of the remote node (`generation`) is dropped if the link
+        comes up to another: what a node said to a member that has since restarted (a hand-off
+        of state, an answer) is stale for its next life, which starts from what it pulls."""
         if len(self._outbox) == OUTBOX_LIMIT:
             # A link down for long: the oldest messages are the least useful (their callers have
             # given up); the deque drops them rather than grow without bound.
             self.dropped += 1
-        self._outbox.append(message)
+        self._outbox.append((generation, message))
         self._wake.set()
 
-    async def carry(self, conn: MessageConnection) -> None:
-        """Send and receive over `conn` until it breaks; a newer connection replaces this one."""
+    async def carry(self, conn: MessageConnection, generation: int) -> None:
+        """Send and receive over `conn`, to the remote node's life `generation`, until it
+        breaks; a newer connection replaces this one."""
         if self._carrier is not None:
             self._carrier.cancel()
         with trio.CancelScope() as scope:
             self._carrier = scope
+            self._remote_generation = generation
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_loop, conn, nursery.cancel_scope)
@@ -195,7 +219,12 @@ class Link:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
-                batch = list(self._outbox)
+                batch = [
+                    message
+                    for meant_for, message in self._outbox
+                    if meant_for is None or meant_for == self._remote_generation
+                ]
+                self.stale += len(self._outbox) - len(batch)
                 self._outbox.clear()
                 self._sending = True
                 try:
@@ -267,10 +296,13 @@ class Links:
         dialer: Dialer,
         deliver: Deliver,
         rng: random.Random,
+        generation: int,
         on_link_down: Callable[[str], None] = lambda remote_id: None,
     ) -> None:
-        """`on_link_down(remote_id)` is called whenever the link to a node goes down."""
+        """`generation` is this node's life, told to the other end of every link;
+        `on_link_down(remote_id)` is called whenever the link to a node goes down."""
         self.node_id = node_id
+        self.generation = generation
         self._on_link_down = on_link_down
         self._secret = secret
         self._codec = codec
@@ -287,8 +319,9 @@ class Links:
             )
         return link
 
-    def send(self, remote_id: str, message: object) -> None:
-        self.link(remote_id).send(message)
+    def send(self, remote_id: str, message: object, generation: int | None = None) -> None:
+        """Send `message` to `remote_id`, or only to its life `generation` if one is given."""
+        self.link(remote_id).send(message, generation)
 
     def dials(self, remote_id: str) -> bool:
         """Of each pair, the node with the smaller id dials, so a pair has one connection."""
@@ -314,12 +347,12 @@ class Links:
     async def _dial_and_carry(self, remote_id: str, address: str) -> None:
         async with trio.open_nursery() as connection:
             conn = await self._dialer(connection, address)
-            actual = await dialer_handshake(conn, self._codec, self.node_id, self._secret)
-            if actual != remote_id:
+            remote = await self._dialer_handshake(conn)
+            if remote.node_id != remote_id:
                 await conn.aclose(CLOSE_UNAUTHORIZED, "unexpected node")
-                raise LinkRefused(f"{address} is {actual!r}, not {remote_id!r}")
+                raise LinkRefused(f"{address} is {remote.node_id!r}, not {remote_id!r}")
             log.info("Linked to %s at %s.", remote_id, address)
-            await self.link(remote_id).carry(conn)
+            await self.link(remote_id).carry(conn, remote.generation)
             connection.cancel_scope.cancel()
 
     async def introduce(
@@ -334,13 +367,14 @@ class Links:
         try:
             async with trio.open_nursery() as connection:
                 conn = await self._dialer(connection, address)
-                remote_id = await dialer_handshake(conn, self._codec, self.node_id, self._secret)
+                remote = await self._dialer_handshake(conn)
+                link = self.link(remote.node_id)
                 if first_message is not None:
-                    self.link(remote_id).send(first_message)
+                    link.send(first_message)
                 with trio.move_on_after(hold):
-                    await self.link(remote_id).carry(conn)
+                    await link.carry(conn, remote.generation)
                 connection.cancel_scope.cancel()
-                return remote_id
+                return remote.node_id
         except* DIAL_ERRORS as group:
             log.info("Cannot reach seed %s: %s", address, group.exceptions[0])
         return None
@@ -348,13 +382,18 @@ class Links:
     async def accept(self, conn: MessageConnection) -> None:
         """Serve a connection another node dialed, for as long as it lasts."""
         try:
-            remote_id = await acceptor_handshake(
-                conn, self._codec, self.node_id, self._secret, self._rng
+            remote = await acceptor_handshake(
+                conn, self._codec, self.node_id, self.generation, self._secret, self._rng
             )
         except (LinkRefused, trio.TooSlowError, ConnectionClosed) as error:
             log.warning("Refused a node link: %s", error)
             return
-        await self.link(remote_id).carry(conn)
+        await self.link(remote.node_id).carry(conn, remote.generation)
+
+    async def _dialer_handshake(self, conn: MessageConnection) -> Linked:
+        return await dialer_handshake(
+            conn, self._codec, self.node_id, self.generation, self._secret
+        )
 
     async def flush(self, timeout: float) -> None:
         """Wait until every connected link has sent what it has queued, at most `timeout`."""

@@ -147,6 +147,8 @@ async def join_cluster(
     assert cluster.secret, "the command line refuses a cluster without a secret"
     node_id = cluster.node_id or address
     rng = rng or random.Random()
+    # A new generation per start: the wall clock only orders this node's own lives.
+    generation = time.time_ns() if generation is None else generation
     membership_actor: MembershipActor | None = None
     shard_actor: SemaphoreActor | None = None
     rpc: Rpc | None = None
@@ -180,14 +182,14 @@ async def join_cluster(
         dialer,
         deliver,
         rng,
+        generation,
         on_link_down=lambda remote_id: rpc.link_down(remote_id),
     )
     rpc = Rpc(links)
-    # A new generation per start: the wall clock only orders this node's own lives.
     membership = Membership(
         node_id,
         address,
-        time.time_ns() if generation is None else generation,
+        generation,
         cluster.join,
         down_after=cluster.down_after,
     )

@@ -46,7 +46,7 @@ class Network:
         self.streams: list[trio.testing.MemorySendStream] = []
         self.down: set[str] = set()
 
-    def add(self, node_id: str, secret: bytes = b"s3cret") -> Links:
+    def add(self, node_id: str, secret: bytes = b"s3cret", generation: int = 1) -> Links:
         self.received[node_id] = []
         self.frames[node_id] = 0
 
@@ -63,7 +63,7 @@ class Network:
             self.nursery.start_soon(self._serve, address, server_stream)
             return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
 
-        links = Links(node_id, secret, CODEC, dial, deliver, random.Random(node_id))
+        links = Links(node_id, secret, CODEC, dial, deliver, random.Random(node_id), generation)
         self.nodes[node_id] = links
         return links
 
@@ -143,6 +143,29 @@ async def test_a_severed_link_is_redialled_and_queued_messages_follow(
     await trio.sleep(10)
     assert a.status()["b"]
     assert network.received["b"] == [("a", "before"), ("a", "during")]
+
+
+async def test_what_was_meant_for_a_node_before_it_restarted_is_not_delivered_after(
+    autojump_clock, network, nursery
+):
+    a = network.add("a")
+    network.add("b", generation=1)
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(1)
+    assert a.link("b").connected
+    network.down.add("b")
+    await network.streams[-1].aclose()  # b dies
+    await trio.sleep(0.01)
+    a.send("b", Note("for b's first life"), generation=1)
+    a.send("b", Note("for any life of b"))
+    a.send("b", Note("for b's second life"), generation=2)
+    await trio.sleep(3)
+    network.add("b", generation=2)  # b restarts, its memory empty
+    network.down.discard("b")
+    await trio.sleep(10)
+    assert a.status()["b"]
+    assert network.received["b"] == [("a", "for any life of b"), ("a", "for b's second life")]
+    assert a.link("b").stale == 1
 
 
 async def test_a_malformed_frame_closes_the_link(autojump_clock, network, nursery):

@@ -45,6 +45,7 @@ class Pair:
                 self._dial,
                 self._deliver(name),
                 random.Random(name),
+                1,
                 on_link_down=lambda remote_id, name=name: self.rpcs[name].link_down(remote_id),
             )
             self.rpcs[name] = Rpc(self.nodes[name])
