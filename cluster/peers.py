@@ -127,6 +127,11 @@ class PeerTable:
         peer = self._peers.get(peer_id)
         return peer.held.get(semaphore) if peer is not None else None
 
+    def locks_of(self, peer_id: int) -> list[str]:
+        """The semaphores the peer holds or waits for."""
+        peer = self._peers.get(peer_id)
+        return peer.locks() if peer is not None else []
+
     def pending(self, peer_id: int) -> tuple[str, int] | None:
         """The lock the peer waits for, (semaphore, count); None if it waits for none."""
         peer = self._peers.get(peer_id)

@@ -113,16 +113,25 @@ class SemaphoreLeases:
         waiting) leaves room; otherwise it would overtake the waiters.
 
         In a cluster a home may ask again for a lock it asked for before (a retry, or after the
-        owner changed): the same count, held or waiting, keeps its place and takes on the new
-        `ticket`, the home's name for this lock that releases must quote.
+        owner changed): the same count keeps its place and takes on the new `ticket`, the home's
+        name for this lock that releases must quote. A held lock is the same one only if its
+        ticket is this one, or unknown (0: a replica's, whose grant may not have reached the
+        home, so it gets a new token above the one nobody saw); under another ticket it is an
+        older lock whose release was lost, and this request is new.
         """
         sem = self._semaphore(semaphore)
         held = sem.holders.get(peer_id)
         waiting = sem.queue.get(peer_id)
-        if count == held or (waiting is not None and count == waiting[0]):
+        known = sem.tickets.get(peer_id)
+        if waiting is not None and count == waiting[0]:
             sem.tickets[peer_id] = ticket
-            self._in_use.add(sem.name)
-            return held is not None
+            return False
+        if held == count and known in (ticket, 0):
+            if known != ticket:
+                sem.tokens[peer_id] = sem.next_token
+                sem.next_token += 1
+            sem.tickets[peer_id] = ticket
+            return True
         if held is not None or waiting is not None:
             self._drop(peer_id, sem)
             self._grant_waiters(sem)

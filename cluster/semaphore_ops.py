@@ -37,6 +37,10 @@ class Acquire:
     expires_in: float | None = None
     # How long the caller is willing to wait for the grant; the actor, not the core, waits.
     block_for: float | None = None
+    # The client knows the peer holds and waits for nothing (its outermost lock): whatever the
+    # cluster counts for it is left over from a release lost in a failure (a takeover from a
+    # replica that had not heard of it), and is released first.
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,10 @@ Operation = (
 def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) -> object:
     """Apply one operation; returns its answer or raises a `SemaphoreError`."""
     match op:
-        case Acquire(peer_id, semaphore, count, expires_in, _):
+        case Acquire(peer_id, semaphore, count, expires_in, _, fresh):
+            if fresh:
+                for name in core.locks_of(peer_id):
+                    core.release_lock(peer_id, name)
             return core.acquire(peer_id, semaphore, count, now, expires_in)
         case ReleaseLock(peer_id, semaphore):
             return core.release_lock(peer_id, semaphore)

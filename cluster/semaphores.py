@@ -100,6 +100,9 @@ class SemaphoreCore:
             return True
         return False
 
+    def locks_of(self, peer_id: int) -> list[str]:
+        return self._peers.locks_of(peer_id)
+
     def release_lock(self, peer_id: int, semaphore: str) -> None:
         """Release a held lock, or withdraw a waiting one; nothing to release is fine."""
         if self._peers.release_lock(peer_id, semaphore):

@@ -138,7 +138,10 @@ class Reassert:
 
 @dataclass(frozen=True, slots=True)
 class Pull:
-    """A joining node to a member: hand me what you hold that I own now."""
+    """A joining node, in its life `generation`, to a member: hand me what you hold that I own
+    now."""
+
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,12 +210,15 @@ class ShardCore:
         self._leases = SemaphoreLeases(semaphores, epoch)
         self._ring: Ring | None = None
         self._generations: dict[str, int] = {}
+        # The latest life of every node ever a member, gone ones too: messages are meant for it.
+        self._lives: dict[str, int] = {}
         self._ring_changed_at = -math.inf
         # Members whose Handoff this node waits for: member -> (ring before the change, or None
         # if this node had none, and when to send the pull again if no answer came).
         self._awaiting: dict[str, tuple[Ring | None, float]] = {}
-        # Pulls from nodes this node does not count as members yet; answered once it does.
-        self._deferred_pulls: set[str] = set()
+        # Pulls from nodes (and their lives) this node does not count as members yet; answered
+        # once it does.
+        self._deferred_pulls: dict[str, int] = {}
         # This node's share as streamed to the others, and theirs as received.
         self._feed = ReplicaFeed()
         self._replicas: dict[str, ReplicaStore] = {}
@@ -228,7 +234,7 @@ class ShardCore:
         self._next_audit = -math.inf
         # Set when this node may hold state it does not own (see `_push_stranded`).
         self._stranded = False
-        self._outbox: list[tuple[str, Message]] = []
+        self._outbox: list[tuple[str, int | None, Message]] = []
         # The latest `now` passed in: operations without one (release, restore) happen then.
         self._now = -math.inf
         self._local: deque[Message] = deque()
@@ -323,6 +329,10 @@ class ShardCore:
             return False
         return None
 
+    def locks_of(self, peer_id: int) -> list[str]:
+        self._check_home(peer_id)
+        return self._peers.locks_of(peer_id)
+
     def release_lock(self, peer_id: int, semaphore: str) -> None:
         self._check_home(peer_id)
         if self._peers.release_lock(peer_id, semaphore):
@@ -369,6 +379,7 @@ class ShardCore:
         old, old_generations = self._ring, self._generations
         new = Ring(members)
         self._ring, self._generations = new, dict(members)
+        self._lives.update(members)
         self._ring_changed_at = now
         self._epoch = max(self._epoch, epoch)
         me = self.node_id
@@ -377,6 +388,9 @@ class ShardCore:
         gone.discard(me)
         for member in gone:
             self._feed.restart(member)  # a new stream if it comes back
+        # Tokens of a semaphore new to this node go on above every token an earlier owner gave,
+        # whether or not its state ever reaches here (an owner cut off gives no hand-over).
+        self._leases.merge([], now, self._epoch, self._gained(old))
 
         if old is None or me not in old.members:
             # Joining (or back after a restart): everything this node owns is somewhere else.
@@ -386,15 +400,16 @@ class ShardCore:
             for source in members:
                 if source != me:
                     self._awaiting[source] = (None, now + self._pull_retry)
-                    self._send(source, Pull())
+                    self._send(source, Pull(members[me]))
         else:
             for source in sorted(gone):
                 awaited = self._awaiting.pop(source, None)
                 self._take_over(source, awaited[0] if awaited else old, now)
 
-        for source in sorted(self._deferred_pulls & set(members)):
-            self._deferred_pulls.discard(source)
-            self._answer_pull(source)
+        for source, generation in sorted(self._deferred_pulls.items()):
+            if members.get(source) == generation:
+                del self._deferred_pulls[source]
+                self._answer_pull(source, generation)
         self._push_stranded()
         # Peers this node no longer serves: a request waiting on one must answer, not wait.
         for peer_id in self._peers.peer_ids():
@@ -422,8 +437,11 @@ class ShardCore:
         self._receive(sender, message)
         self._drain_local()
 
-    def outbox(self) -> list[tuple[str, Message]]:
-        """(node id, message) pairs to send, in order, since the last call."""
+    def outbox(self) -> list[tuple[str, int | None, Message]]:
+        """What to send since the last call, in order: (node id, generation, message). A message
+        is meant for the life of the node (`generation`) this node knew of when it said it, and
+        must not reach a later one (None: any); a node that restarted starts from what it
+        pulls, and what was said to its previous life (a hand-off, a grant) would be stale."""
         outbox, self._outbox = self._outbox, []
         return outbox
 
@@ -458,7 +476,7 @@ class ShardCore:
                 # (it answers once it has). Taking its share from a replica instead would make
                 # two nodes serve it; only a member that is gone leaves its share to a replica.
                 self._awaiting[source] = (old, now + self._pull_retry)
-                self._send(source, Pull())
+                self._send(source, Pull(self._generations[self.node_id]))
         if self._due and now >= self._next_retry:
             for (peer_id, name), (_, owner) in [
                 item for item in self._due.items() if now >= item[1][0]
@@ -636,6 +654,13 @@ class ShardCore:
                 self._held_back.append((sender, message))
             return
         peer_id = message.peer_id
+        if not isinstance(message, LockRelease) and self.home_of(peer_id) != sender:
+            # Only the peer's home (in this node's view) speaks for its locks. A node that was
+            # its home before, cut off or not yet aware that the peer moved, may still send
+            # what it held then, and a request under a stale ticket would drop the lock the
+            # home holds now. (A release quotes its lock's ticket, so it is safe from anyone.)
+            self._send(sender, LockRefused(peer_id, name, message.ticket))
+            return
         self._feed.semaphores_changed([name])
         if isinstance(message, LockRelease):
             self._leases.release(peer_id, name, message.ticket)
@@ -682,6 +707,13 @@ class ShardCore:
 
     # -- internals: moving state -------------------------------------------------------------
 
+    def _gained(self, old: Ring | None) -> list[str]:
+        """The semaphores this node owns now and did not own in ring `old`."""
+        me = self.node_id
+        if old is None or me not in old.members:
+            return self.owned_semaphores()
+        return [n for n in self.owned_semaphores() if old.owner(semaphore_key(n)) != me]
+
     def _take_over(self, source: str, old: Ring | None, now: float) -> None:
         """`source` is gone (or never handed over): take what this node owns of its share from
         its latest replica, with a grace period for its semaphores."""
@@ -712,9 +744,12 @@ class ShardCore:
             for member in self._ring.members - {me}:
                 self._send(member, Reassert(gained))
 
-    def _answer_pull(self, sender: str) -> None:
-        if self._ring is None or sender not in self._ring.members:
-            self._deferred_pulls.add(sender)
+    def _answer_pull(self, sender: str, generation: int) -> None:
+        if self._generations.get(sender) != generation:
+            # Not a member yet in this node's view, or a life of it this node has not seen
+            # start: the previous one must be taken over (from its replica) first, and what is
+            # handed over must go to the life that asked.
+            self._deferred_pulls[sender] = generation
             return
         names = [n for n in self._config if self.owner_of(n) == sender]
         # The puller may have restarted before this node noticed, and lost what its semaphores
@@ -815,8 +850,8 @@ class ShardCore:
                 self._answer_audit(sender, message)
             case Reassert(names):
                 self._reassert(self._peers.peer_ids(), set(names).__contains__, self._now, sender)
-            case Pull():
-                self._answer_pull(sender)
+            case Pull(generation):
+                self._answer_pull(sender, generation)
             case ReplicaDelta():
                 store = self._replicas.setdefault(sender, ReplicaStore())
                 if not store.apply(message, self._now):
@@ -834,7 +869,7 @@ class ShardCore:
         if node_id == self.node_id:
             self._local.append(message)
         else:
-            self._outbox.append((node_id, message))
+            self._outbox.append((node_id, self._lives.get(node_id), message))
 
     def _drain_local(self) -> None:
         while self._local:

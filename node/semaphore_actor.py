@@ -113,7 +113,7 @@ class SemaphoreActor:
         core: SemaphoreCore | ShardCore,
         *,
         rng: random.Random | None = None,
-        send: Callable[[str, object], None] | None = None,
+        send: Callable[[str, object, int | None], None] | None = None,
     ) -> None:
         self._core = core
         self._send_out = send
@@ -301,8 +301,8 @@ class SemaphoreActor:
 
     def _flush_outbox(self) -> None:
         if self._send_out is not None:
-            for node_id, message in self._core.outbox():
-                self._send_out(node_id, message)
+            for node_id, generation, message in self._core.outbox():
+                self._send_out(node_id, message, generation)
 
     def _dispatch_events(self) -> None:
         for event in self._core.events():

@@ -258,6 +258,7 @@ def _acquire(item: dict) -> Acquire:
         _field(item, "count", int, 1),
         _seconds(item, "expires_in", None),
         _seconds(item, "wait", None),
+        _field(item, "fresh", bool, False),
     )
 
 

@@ -1,7 +1,9 @@
 """Several `ShardCore`s joined by an in-memory network, for tests of the home/owner protocol.
 
-Every ordered pair of nodes has a FIFO queue, as a node link does. Tests deliver messages one at a
-time, all of them, or drop them, and move a shared virtual clock.
+Every ordered pair of nodes has a FIFO queue, as a node link does: it outlives a node's restart,
+and a message meant for an earlier life of its destination is dropped on delivery, as a link
+does. Tests deliver messages one at a time, all of them, or drop them, and move a shared virtual
+clock.
 """
 
 from __future__ import annotations
@@ -52,15 +54,16 @@ class ShardNetwork:
         )
         self.events[node_id] = []
         for pair in list(self.queues):
-            if node_id in pair:
-                del self.queues[pair]
+            if pair[0] == node_id:
+                del self.queues[pair]  # what its previous life had not sent yet is gone with it
         return self.nodes[node_id]
 
     def kill(self, node_id: str) -> None:
+        """The node dies; what others queued for it waits, as on a link that is down."""
         del self.nodes[node_id]
         del self.generations[node_id]
         for pair in list(self.queues):
-            if node_id in pair:
+            if pair[0] == node_id:
                 del self.queues[pair]
 
     def change_members(
@@ -91,9 +94,11 @@ class ShardNetwork:
 
     def collect(self, node_id: str) -> None:
         node = self.nodes[node_id]
-        for destination, message in node.outbox():
-            if destination in self.nodes and not self._cut_between(node_id, destination):
-                self.queues.setdefault((node_id, destination), deque()).append(message)
+        for destination, generation, message in node.outbox():
+            if not self._cut_between(node_id, destination):
+                self.queues.setdefault((node_id, destination), deque()).append(
+                    (generation, message)
+                )
         self.events[node_id].extend(node.events())
 
     def _cut_between(self, a: str, b: str) -> bool:
@@ -111,9 +116,11 @@ class ShardNetwork:
 
     def deliver_one(self, source: str, destination: str) -> bool:
         queue = self.queues.get((source, destination))
-        if not queue:
+        if not queue or destination not in self.nodes:
             return False
-        message = queue.popleft()
+        generation, message = queue.popleft()
+        if generation is not None and generation != self.generations[destination]:
+            return True  # meant for an earlier life of the destination: the link drops it
         self.nodes[destination].on_message(source, message, self.now)
         self.collect(destination)
         return True
@@ -121,7 +128,7 @@ class ShardNetwork:
     def deliver_all(self, limit: int = 100_000) -> int:
         delivered = 0
         while True:
-            busy = [pair for pair, queue in self.queues.items() if queue]
+            busy = [pair for pair, queue in self.queues.items() if queue and pair[1] in self.nodes]
             if not busy:
                 return delivered
             for source, destination in busy:

@@ -70,7 +70,7 @@ def test_a_lost_delta_is_repaired_by_a_new_stream_before_the_takeover_needs_it()
     net.send_replicas()  # the next delta shows the gap: the survivors ask for a new stream
     for survivor in survivors:
         net.deliver_one(victim, survivor)
-        assert isinstance(net.queues[survivor, victim][-1], ReplicaResync)
+        assert isinstance(net.queues[survivor, victim][-1][1], ReplicaResync)
     net.deliver_all()
     net.send_replicas()  # the new stream
     net.deliver_all()

@@ -82,7 +82,7 @@ def test_a_release_that_crosses_a_new_request_does_not_drop_it():
     home.release_lock(peer, "A")
     home.acquire(peer, "A", 1, net.now)
     net.collect(home_id)
-    queued = [type(m) for m in net.queues[home_id, owner]]
+    queued = [type(m) for _, m in net.queues[home_id, owner]]
     assert queued == [LockRequest, LockRelease, LockRequest]
     net.deliver_all()
     assert home.is_acquired(peer) is True

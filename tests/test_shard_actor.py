@@ -42,7 +42,7 @@ class Pair:
             )
 
     def _sender(self, node_id: str):
-        def send(destination: str, message: object) -> None:
+        def send(destination: str, message: object, generation: int | None) -> None:
             if not self.cut:
                 self.nursery.start_soon(self.actors[destination].deliver, node_id, message)
 
