@@ -8,9 +8,10 @@ The client keeps one connection, to the first node that answers (the next URL wh
 with backoff). Each task's outermost lock takes a peer of the client's (nested locks in the same
 task share it, so their levels are checked), so any number of tasks lock at once, and their
 requests share frames. Peers heartbeat at a third of their expiry, and a peer a node forgot is
-restored with exactly the locks it holds. If heartbeats cannot reach any node before the peers
-would expire, the leases are lost: the body of each `async with client.lock()` is cancelled and
-`LeaseLost` raised from it, and `lease.lost` is set.
+restored with exactly the locks it holds. If no node confirms a peer's heartbeat before the peer
+could expire, its leases are lost: the body of each of its `async with client.lock()` is
+cancelled and `LeaseLost` raised from it, and `lease.lost` is set. A node that keeps answering
+`unavailable` (it is cut off from the majority, or still taking over) is left for the next URL.
 """
 
 from __future__ import annotations
@@ -194,15 +195,24 @@ class Client:
         self._session.put_back(peer)
 
     async def _new_peer(self) -> Peer:
-        return self._session.created(await self._call(None, self._session.new_peer))
+        peer_id, sent_at = await self._renewing(None, self._session.new_peer)
+        return self._session.created(peer_id, sent_at)
 
     async def _acquire(
         self, peer: Peer, semaphore: str, count: int, timeout: float | None
     ) -> Lease:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
+        # A peer that holds nothing says so with its first ask (the cluster releases anything
+        # it still counts for it); later asks, of a lock that waits in line, keep its place.
+        fresh = not peer.held
         while True:
-            wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
-            result = await self._call(peer, self._session.acquire, peer, semaphore, count, wait)
+            now = trio.current_time()
+            wait = min(max(deadline - now, 0.0), WAIT_SLICE)
+            result = await self._call(
+                peer, self._session.acquire, peer, semaphore, count, wait, fresh
+            )
+            fresh = False
+            self._session.renewed(peer, now)  # an acquire prolongs its peer too
             if self._session.acquired(peer, semaphore, count, result):
                 lease = Lease(semaphore, count, peer.held[semaphore].token, peer.peer_id)
                 self._leases.add(lease)
@@ -246,6 +256,7 @@ class Client:
     ) -> object:
         """`_call` after its first try, which failed with `failure` (None: not made)."""
         recovery = CallRecovery(trio.current_time(), self._rng, has_peer=peer is not None)
+        connection = self._connection
         while True:
             if failure is not None:
                 decision = recovery.after(failure, trio.current_time())
@@ -254,6 +265,8 @@ class Client:
                 if isinstance(decision, RestorePeer):
                     await self._restore(peer)
                 else:
+                    if decision.elsewhere:
+                        self._leave(connection)
                     await trio.sleep(decision.wait)
             try:
                 connection = await self._connected(recovery.give_up_at)
@@ -261,8 +274,30 @@ class Client:
             except (ConnectionLost, UnknownPeer, Unavailable) as error:
                 failure = error
 
+    def _leave(self, connection: Connection | None) -> None:
+        """Leave the node of `connection` for the next one (if no other call did already)."""
+        if connection is not None and connection is self._connection and not connection.closed:
+            self._nodes.skip()
+            connection.abandon()
+
     async def _restore(self, peer: Peer) -> None:
-        await self._call(None, self._session.restore, peer)
+        _, sent_at = await self._renewing(None, self._session.restore, peer)
+        self._session.renewed(peer, sent_at)
+
+    async def _renewing(
+        self, peer: Peer | None, build: Callable[..., dict], *args: object
+    ) -> tuple[object, float]:
+        """`_call` a request that sets a peer's expiry; its result, and when the request that
+        was answered was sent (the peer lives at least its expiry from then)."""
+        sent_at = -math.inf
+
+        def stamped(*args: object) -> dict:
+            nonlocal sent_at
+            sent_at = trio.current_time()
+            return build(*args)
+
+        result = await self._call(peer, stamped, *args)
+        return result, sent_at
 
     async def _connected(self, give_up_at: float) -> Connection:
         connection = self._connection
@@ -286,33 +321,40 @@ class Client:
                     return self._connection
 
     async def _heartbeats(self) -> None:
-        """Every peer heartbeats at a third of its expiry (all in one frame)."""
-        expires_in = self._session.expires_in
-        last_ok = trio.current_time()
+        """Every peer heartbeats at a third of its expiry (all of them in one frame), each
+        until it is answered or its peer may have expired."""
         while True:
-            await trio.sleep(expires_in / 3)
-            with trio.move_on_at(last_ok + expires_in):
-                try:
-                    async with trio.open_nursery() as nursery:
-                        for peer in list(self._session.peers.values()):
-                            nursery.start_soon(self._heartbeat, peer)
-                    last_ok = trio.current_time()
-                    continue
-                except* Unavailable:
-                    pass
-            if trio.current_time() >= last_ok + expires_in:
-                self._lose_leases()
-                last_ok = trio.current_time()
+            await trio.sleep(self._session.expires_in / 3)
+            for peer in list(self._session.peers.values()):
+                if not peer.heartbeating:
+                    peer.heartbeating = True
+                    self._nursery.start_soon(self._heartbeat, peer)
 
     async def _heartbeat(self, peer: Peer) -> None:
-        await self._call(peer, self._session.heartbeat, peer)
+        session = self._session
+        now = trio.current_time()
+        # Until the peer may expire; one whose leases are lost already keeps trying a while.
+        deadline = session.expires_at(peer)
+        if deadline <= now:
+            deadline = now + session.expires_in
+        try:
+            with trio.move_on_at(deadline):
+                _, sent_at = await self._renewing(peer, session.heartbeat, peer)
+                session.renewed(peer, sent_at)
+        except (Unavailable, UnknownPeer):
+            pass  # tried until the peer may have expired, or a node forgot it twice
+        finally:
+            peer.heartbeating = False
+        if trio.current_time() >= session.expires_at(peer):
+            self._lose_leases(peer)
 
-    def _lose_leases(self) -> None:
-        for lease in self._leases:
+    def _lose_leases(self, peer: Peer) -> None:
+        """No node confirmed the peer before it could expire: its leases may be gone."""
+        for lease in [lease for lease in self._leases if lease.peer_id == peer.peer_id]:
             lease.lost = True
             if lease._scope is not None:
                 lease._scope.cancel()
-        self._session.lost()
+        self._session.lost(peer)
 
     @staticmethod
     async def _quietly(call, request: dict) -> None:

@@ -124,6 +124,12 @@ class Connection:
         self._fail_all()
         await self._ws.aclose()
 
+    def abandon(self) -> None:
+        """Leave the connection now (its callers get `ConnectionLost`); it closes in the
+        background."""
+        self._fail_all()
+        self._nursery.start_soon(trio.aclose_forcefully, self._ws)
+
     async def _send_loop(self) -> None:
         while not self._broken:
             await self._ready.wait()
@@ -192,8 +198,7 @@ class Connection:
         try:
             await self._send()
         except trio.Cancelled:
-            self._fail_all()
-            self._nursery.start_soon(trio.aclose_forcefully, self._ws)
+            self.abandon()
             raise
 
     async def _read_until(self, slot: _Slot) -> None:

@@ -5,6 +5,8 @@ the next node, or give up. `now` comes in; the waits come out; `client/client.py
 * A broken connection or an unavailable cluster is retried after a wait that doubles from
   `BACKOFF_FIRST` to `BACKOFF_MAX`, jittered (0.5 to 1.5 times) so that many clients do not
   come back in step, until `patience` seconds after the first try; then `Unavailable`.
+* A node that answers `unavailable` for `MOVE_AFTER` seconds is left for the next node: it may be
+  cut off from the majority (which serves), or slow to take over its share.
 * Connecting tries the node URLs in turn, staying with one that works; after a whole round
   with none answering it waits (the same backoff), and gives up at the same deadline.
 """
@@ -17,9 +19,11 @@ from dataclasses import dataclass
 from .session import Unavailable, UnknownPeer
 
 BACKOFF_FIRST = 0.05
-BACKOFF_MAX = 2.0
+BACKOFF_MAX = 1.0
 # How long a call keeps trying before it gives up with `Unavailable`.
 CALL_PATIENCE = 30.0
+# How long a call keeps asking a node that answers `unavailable` before it tries the next one.
+MOVE_AFTER = 1.0
 
 
 class ConnectionLost(Exception):
@@ -28,9 +32,10 @@ class ConnectionLost(Exception):
 
 @dataclass(frozen=True)
 class Retry:
-    """Try the call again after `wait` seconds."""
+    """Try the call again after `wait` seconds (`elsewhere`: on the next node)."""
 
     wait: float
+    elsewhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class CallRecovery:
         self._give_up_at = now + patience
         self._backoff = Backoff(rng)
         self._can_restore = has_peer
+        self._unavailable_since: float | None = None
 
     @property
     def give_up_at(self) -> float:
@@ -91,6 +97,13 @@ class CallRecovery:
             return GiveUp(failure)
         if now >= self._give_up_at:
             return GiveUp(Unavailable(f"no node could serve the request: {failure}"))
+        if not isinstance(failure, Unavailable):
+            self._unavailable_since = None  # a new connection: maybe to another node
+        elif self._unavailable_since is None:
+            self._unavailable_since = now
+        elif now >= self._unavailable_since + MOVE_AFTER:
+            self._unavailable_since = None
+            return Retry(self._backoff.wait(), elsewhere=True)
         return Retry(self._backoff.wait())
 
 
@@ -109,6 +122,10 @@ class NodeChoice:
     @property
     def url(self) -> str:
         return self._urls[self._current]
+
+    def skip(self) -> None:
+        """Leave the current node for the next one (it works, but cannot serve now)."""
+        self._current = (self._current + 1) % len(self._urls)
 
     def connected(self) -> None:
         self._failed_in_round = 0

@@ -9,6 +9,7 @@ the cluster forgot is restored with exactly the locks held, never the ones still
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -108,6 +109,12 @@ class Peer:
     held: dict[str, Held] = field(default_factory=dict)
     # A release was sent but not answered: the cluster may still count a lock of this peer.
     unsettled: bool = False
+    # When the request that last set its expiry at a node (created, restored, heartbeat) was
+    # sent: the node counts the expiry from a later moment, so the peer lives at least until
+    # `renewed_at + expires_in`.
+    renewed_at: float = -math.inf
+    # A heartbeat of it is on its way.
+    heartbeating: bool = False
 
 
 class Session:
@@ -136,9 +143,17 @@ class Session:
     def remainder(self, semaphore: str) -> dict:
         return self.request("remainder", semaphore=semaphore)
 
-    def created(self, peer_id: int) -> Peer:
-        peer = self.peers[peer_id] = Peer(peer_id)
+    def created(self, peer_id: int, sent_at: float) -> Peer:
+        peer = self.peers[peer_id] = Peer(peer_id, renewed_at=sent_at)
         return peer
+
+    def renewed(self, peer: Peer, sent_at: float) -> None:
+        """A request sent at `sent_at` set the peer's expiry (a heartbeat, a restore)."""
+        peer.renewed_at = max(peer.renewed_at, sent_at)
+
+    def expires_at(self, peer: Peer) -> float:
+        """The peer lives at least until then; after it, a node may have expired it."""
+        return peer.renewed_at + self.expires_in
 
     def idle_peer(self) -> Peer | None:
         return self._idle.pop() if self._idle else None
@@ -163,16 +178,21 @@ class Session:
 
     # The two requests of every lock, built directly (the hot path).
 
-    def acquire(self, peer: Peer, semaphore: str, count: int, wait: float | None) -> dict:
+    def acquire(
+        self, peer: Peer, semaphore: str, count: int, wait: float | None, fresh: bool = False
+    ) -> dict:
         request = {
             "id": next(self._ids),
             "op": "acquire",
             "peer": peer.peer_id,
             "semaphore": semaphore,
             "count": count,
+            "expires_in": self.expires_in,
         }
         if wait is not None:
             request["wait"] = wait
+        if fresh:
+            request["fresh"] = True
         return request
 
     def release(self, peer: Peer, semaphore: str) -> dict:
@@ -207,7 +227,6 @@ class Session:
     def released(self, peer: Peer, semaphore: str) -> None:
         peer.held.pop(semaphore, None)
 
-    def lost(self) -> None:
-        """Every lease was lost: no peer holds anything any more."""
-        for peer in self.peers.values():
-            peer.held.clear()
+    def lost(self, peer: Peer) -> None:
+        """The peer's leases are lost (it may have expired): it holds nothing any more."""
+        peer.held.clear()

@@ -7,6 +7,7 @@ import pytest
 from sluicegate.client.recovery import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
+    MOVE_AFTER,
     Backoff,
     CallRecovery,
     ConnectionLost,
@@ -48,6 +49,32 @@ def test_broken_connections_and_an_unavailable_cluster_are_retried_until_patienc
     assert max(waits) <= BACKOFF_MAX * 1.5
     # Doubling: the base of each wait (its jitter removed) grows until the cap.
     assert waits[4] > waits[0] * 2
+
+
+def test_a_node_that_keeps_answering_unavailable_is_left_for_the_next():
+    recovery = CallRecovery(0.0, random.Random(4), has_peer=True)
+    now, decisions = 0.0, []
+    while now < 3.0:
+        decision = recovery.after(Unavailable("not served by n3 now"), now)
+        decisions.append((now, decision.elsewhere))
+        now += decision.wait
+    moves = [at for at, elsewhere in decisions if elsewhere]
+    assert moves and moves[0] >= MOVE_AFTER
+    assert not any(elsewhere for at, elsewhere in decisions if at < MOVE_AFTER)
+    # A broken connection (a new node next) starts the count again.
+    fresh = CallRecovery(0.0, random.Random(4), has_peer=True)
+    fresh.after(Unavailable("no majority"), 0.0)
+    fresh.after(ConnectionLost("broke"), 0.5)
+    assert not fresh.after(Unavailable("no majority"), 1.2).elsewhere
+
+
+def test_node_choice_skips_to_the_next_url():
+    choice = NodeChoice(["a", "b", "c"], random.Random(5))
+    choice.skip()
+    assert choice.url == "b"
+    choice.skip()
+    choice.skip()
+    assert choice.url == "a"
 
 
 def test_other_refusals_are_not_retried():

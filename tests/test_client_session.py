@@ -13,7 +13,7 @@ from sluicegate.client.session import (
 
 def test_a_restore_carries_exactly_the_locks_held():
     session = Session(expires_in=10)
-    peer = session.created(7)
+    peer = session.created(7, sent_at=0.0)
     assert session.acquired(peer, "A", 2, {"acquired": True, "token": 5}) is True
     assert session.acquired(peer, "B", 1, {"acquired": False}) is False  # still waiting
     restore = session.restore(peer)
@@ -26,7 +26,7 @@ def test_a_restore_carries_exactly_the_locks_held():
 
 def test_a_peer_goes_back_to_the_idle_ones_only_when_it_holds_nothing():
     session = Session(expires_in=10)
-    busy, free = session.created(1), session.created(2)
+    busy, free = session.created(1, sent_at=0.0), session.created(2, sent_at=0.0)
     session.acquired(busy, "A", 1, {"acquired": True, "token": 1})
     session.put_back(busy)
     session.put_back(free)
@@ -36,7 +36,7 @@ def test_a_peer_goes_back_to_the_idle_ones_only_when_it_holds_nothing():
 
 def test_requests_have_fresh_ids_and_leave_out_empty_fields():
     session = Session(expires_in=10)
-    peer = session.created(3)
+    peer = session.created(3, sent_at=0.0)
     first = session.acquire(peer, "A", 1, wait=None)
     second = session.acquire(peer, "A", 1, wait=2.0)
     assert first["id"] != second["id"]
@@ -50,17 +50,29 @@ def test_errors_map_to_exception_types_with_their_codes():
     assert isinstance(other, RequestRefused) and other.code == "already_pending"
 
 
-def test_losing_the_leases_forgets_every_held_lock():
+def test_a_peer_lost_forgets_its_held_locks_and_no_other_peers():
     session = Session(expires_in=10)
-    peer = session.created(4)
+    peer, other = session.created(4, sent_at=0.0), session.created(6, sent_at=0.0)
     session.acquired(peer, "A", 1, {"acquired": True, "token": 1})
-    session.lost()
+    session.acquired(other, "B", 1, {"acquired": True, "token": 2})
+    session.lost(peer)
     assert session.restore(peer)["acquired"] == {}
+    assert session.restore(other)["acquired"] == {"B": 1}
+
+
+def test_a_peer_lives_its_expiry_from_when_its_last_renewal_was_sent():
+    session = Session(expires_in=10)
+    peer = session.created(8, sent_at=3.0)
+    assert session.expires_at(peer) == 13.0
+    session.renewed(peer, sent_at=7.5)  # a heartbeat answered
+    assert session.expires_at(peer) == 17.5
+    session.renewed(peer, sent_at=5.0)  # a slower one, sent earlier, answered later
+    assert session.expires_at(peer) == 17.5
 
 
 def test_a_peer_whose_release_is_unsettled_is_dropped_not_reused():
     session = Session(expires_in=10)
-    peer = session.created(5)
+    peer = session.created(5, sent_at=0.0)
     peer.unsettled = True
     session.put_back(peer)
     assert session.idle_peer() is None and 5 not in session.peers
