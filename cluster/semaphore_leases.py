@@ -173,7 +173,9 @@ class SemaphoreLeases:
     def restore(self, peer_id: int, semaphore: str, count: int, ticket: int = 0) -> None:
         """Count a lock a client says it holds, even beyond max: it is using the resource already.
 
-        Idempotent, so a repeated restore (a retry) counts once, and a holder keeps its token.
+        Idempotent, so a repeated restore (a retry: the same ticket) counts once, and keeps its
+        token. A lock held under another ticket (or one a replica knew, 0) gets a new token: it
+        may be one whose release was lost, whose old token is below tokens given since.
         """
         sem = self._semaphore(semaphore)
         previous = sem.holders.get(peer_id)
@@ -184,6 +186,9 @@ class SemaphoreLeases:
         else:
             sem.acquired += count - previous
             sem.holders[peer_id] = count
+            if sem.tickets.get(peer_id) != ticket:
+                sem.tokens[peer_id] = sem.next_token
+                sem.next_token += 1
         sem.tickets[peer_id] = ticket
         self._in_use.add(sem.name)
         if sem.acquired > sem.max and count != previous:

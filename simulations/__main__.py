@@ -1,5 +1,7 @@
-"""python -m simulations run --seeds 500          many seeds, a progress line, a summary
-python -m simulations run --seed 7 --trace      one seed again, with its history
+"""python -m simulations run --seeds 500 --jobs 2    many seeds, a progress line, a summary
+python -m simulations run --seed 7 --trace         one seed again, with its history
+python -m simulations run --seeds-from simulations/regressions.txt
+                                                   the seeds a file lists (one per line)
 
 Runs under PYTHONHASHSEED=0 (it starts itself again with it if need be), so that a seed replays
 the same in any process: set iteration order depends on it.
@@ -8,15 +10,17 @@ the same in any process: set iteration order depends on it.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from simulations.run import Outcome, run_seed  # noqa: E402
+from simulations.run import Outcome, quiet_node_logs, read_seeds, run_seed  # noqa: E402
 
 
 def main() -> int:
@@ -29,17 +33,23 @@ def main() -> int:
     run.add_argument("--seeds", type=int, default=100, help="how many seeds, from --first")
     run.add_argument("--first", type=int, default=0)
     run.add_argument("--seed", type=int, help="this seed only")
+    run.add_argument("--seeds-from", type=Path, help="the seeds a file lists, one per line")
+    run.add_argument("--jobs", type=int, default=1, help="processes running seeds at once")
     run.add_argument("--trace", action="store_true", help="print the history of each run")
+    run.add_argument("--hashes", action="store_true", help="print each seed's trace hash")
     args = parser.parse_args()
-    # The nodes' own log lines (members down, restores) are the faults at work, not news.
-    logging.getLogger("sluicegate").setLevel(logging.CRITICAL)
+    quiet_node_logs()
 
-    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
+    if args.seed is not None:
+        seeds: Sequence[int] = [args.seed]
+    elif args.seeds_from is not None:
+        seeds = read_seeds(args.seeds_from)
+    else:
+        seeds = range(args.first, args.first + args.seeds)
     outcomes: list[Outcome] = []
     faults: Counter = Counter()
     started = time.monotonic()
-    for number, seed in enumerate(seeds, 1):
-        outcome = run_seed(seed)
+    for number, outcome in enumerate(_run_all(seeds, args.jobs), 1):
         outcomes.append(outcome)
         faults.update(outcome.faults)
         if args.trace:
@@ -53,6 +63,10 @@ def main() -> int:
         )
     print(file=sys.stderr)
     elapsed = time.monotonic() - started
+    outcomes.sort(key=lambda o: o.seed)
+    if args.hashes:
+        for outcome in outcomes:
+            print(f"seed {outcome.seed} hash {outcome.trace_hash}")
     failures = [o for o in outcomes if o.violations]
     print(f"runs        {len(outcomes)} ({len(outcomes) / elapsed * 60:.0f} per minute)")
     print(f"operations  {sum(o.operations for o in outcomes)}")
@@ -69,6 +83,19 @@ def main() -> int:
     if len(outcomes) == 1:
         print(f"trace hash  {outcomes[0].trace_hash}")
     return 1 if failures else 0
+
+
+def _run_all(seeds: Sequence[int], jobs: int) -> Iterator[Outcome]:
+    """Outcomes as runs end: here, or in `jobs` processes (each seed is a process's whole
+    trio run, so processes share nothing; they inherit PYTHONHASHSEED=0)."""
+    if jobs <= 1:
+        yield from map(run_seed, seeds)
+        return
+    with ProcessPoolExecutor(
+        jobs, mp_context=get_context("spawn"), initializer=quiet_node_logs
+    ) as pool:
+        for done in as_completed([pool.submit(run_seed, seed) for seed in seeds]):
+            yield done.result()
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ gives the same history, which `trace_hash` proves.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 import trio.testing
@@ -55,6 +57,17 @@ class Outcome:
     faults: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
+
+
+def read_seeds(path: Path) -> list[int]:
+    """The first number of every line that is not blank or a comment."""
+    lines = path.read_text().splitlines()
+    return [int(line.split()[0]) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def quiet_node_logs() -> None:
+    """The nodes' own log lines (members down, restores) are the faults at work, not news."""
+    logging.getLogger("sluicegate").setLevel(logging.CRITICAL)
 
 
 def run_seed(seed: int) -> Outcome:

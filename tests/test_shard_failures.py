@@ -146,3 +146,16 @@ def test_a_fresh_acquire_drops_what_the_cluster_still_counts_for_the_peer():
     assert waiter > old
     core.release_lock(other, "A")
     assert core.fencing_token(ghost, "A") > waiter
+
+
+def test_a_restore_under_another_ticket_gets_a_new_token():
+    """Seed 117: a lock whose release was lost came back from a replica, and its home, which
+    had loaded it from a replica too, restored it and was told the lock's old token; the
+    client's next ask of the same count was answered with it."""
+    leases = SemaphoreLeases({"A": SemaphoreConfig(1)}, epoch=1)
+    leases.request(7, "A", 1, now=0.0, ticket=11)
+    old = leases.token(7, "A")
+    leases.restore(7, "A", 1, ticket=11)  # a retry: the same lock
+    assert leases.token(7, "A") == old
+    leases.restore(7, "A", 1, ticket=12)  # the home names it anew: maybe a lock long released
+    assert leases.token(7, "A") > old

@@ -10,29 +10,30 @@ from pathlib import Path
 
 import pytest
 
-from simulations.run import run_seed
+from simulations.run import read_seeds, run_seed
 
 ROOT = Path(__file__).resolve().parent.parent
-REGRESSIONS = [
-    int(line.split()[0])
-    for line in (ROOT / "simulations" / "regressions.txt").read_text().splitlines()
-    if line.strip() and not line.startswith("#")
-]
-# Found by the simulations on their first day, not fixed yet: the next work on issue 6.
-OPEN = {2, 6, 8, 17, 29, 32, 38}
+# As many seeds as fit in about two minutes here (2 cores), every invariant holding in each.
+SEEDS = 200
+# Seeds of that sweep run again in another process, one at a time: the same trace hashes.
+REPLAYED = 20
+# Found by the simulations and not fixed yet: `xfail(strict=True)`, so a fix shows.
+OPEN: set[int] = set()
 
 
-def replay(seed: int) -> tuple[int, str, str]:
-    """Run one seed in a new process (as the CLI does, PYTHONHASHSEED=0)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "simulations", "run", "--seed", str(seed)],
+def simulate(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m simulations run ...` in a new process (it runs under PYTHONHASHSEED=0)."""
+    return subprocess.run(
+        [sys.executable, "-m", "simulations", "run", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
-    found = re.search(r"trace hash\s+(\w+)", done.stdout)
-    return done.returncode, found.group(1) if found else "", done.stdout
+
+
+def hashes(output: str) -> dict[int, str]:
+    return {int(seed): h for seed, h in re.findall(r"seed (\d+) hash (\w+)", output)}
 
 
 def test_a_seed_replays_the_same_in_this_process_and_in_another():
@@ -41,24 +42,37 @@ def test_a_seed_replays_the_same_in_this_process_and_in_another():
     assert first.trace == second.trace
     assert first.operations > 100
     assert run_seed(4).trace_hash != first.trace_hash
-    code, trace_hash, _ = replay(3)
-    code_again, trace_hash_again, _ = replay(3)
-    assert trace_hash and trace_hash == trace_hash_again
-    assert code == code_again
+    done = simulate("--seed", "3", "--hashes", timeout=120)
+    assert hashes(done.stdout) == {3: first.trace_hash}
 
 
-@pytest.mark.parametrize(
-    "seed",
-    [
-        pytest.param(
-            seed,
-            marks=pytest.mark.xfail(strict=True, reason="open bug found by the simulations"),
-        )
-        if seed in OPEN
-        else seed
-        for seed in REGRESSIONS
-    ],
-)
-def test_seeds_that_once_failed_pass(seed):
-    code, _, output = replay(seed)
-    assert code == 0, output
+@pytest.fixture(scope="module")
+def sweep() -> subprocess.CompletedProcess:
+    return simulate("--seeds", str(SEEDS), "--jobs", "2", "--hashes", timeout=900)
+
+
+def test_every_seed_of_the_sweep_keeps_every_promise(sweep):
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr[-2000:]
+    assert re.search(rf"runs\s+{SEEDS} ", sweep.stdout)
+    assert "violations  0 in 0 runs" in sweep.stdout
+    print(sweep.stdout[-600:])
+
+
+def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, tmp_path):
+    swept = hashes(sweep.stdout)
+    assert len(swept) == SEEDS
+    chosen = [str(seed) for seed in range(0, SEEDS, SEEDS // REPLAYED)]
+    listed = tmp_path / "replayed-seeds.txt"
+    listed.write_text("\n".join(chosen) + "\n")
+    again = simulate("--seeds-from", str(listed), "--hashes", timeout=600)
+    replayed = hashes(again.stdout)
+    assert len(replayed) == REPLAYED
+    assert replayed == {seed: swept[seed] for seed in replayed}
+
+
+def test_seeds_that_once_failed_pass():
+    regressions = read_seeds(ROOT / "simulations" / "regressions.txt")
+    done = simulate("--seeds-from", "simulations/regressions.txt", "--hashes", timeout=600)
+    failed = {int(seed) for seed in re.findall(r"^seed (\d+) \(trace", done.stdout, re.M)}
+    assert len(hashes(done.stdout)) == len(regressions)
+    assert failed == OPEN, done.stdout
