@@ -48,7 +48,9 @@ TOKEN_EPOCH_SHIFT = 22
 
 @dataclass(frozen=True, slots=True)
 class SemaphoreRecord:
-    """One semaphore in a replica: holders with their tokens, and the waiters in arrival order."""
+    """One semaphore in a replica: holders with their tokens, and the waiters in arrival order;
+    each lock with its ticket (its home's name for it), so that the home asking for it again
+    under that name is answered with the same token."""
 
     name: str
     next_token: int
@@ -57,6 +59,8 @@ class SemaphoreRecord:
     holder_tokens: list[int]
     waiting_ids: list[int]
     waiting_counts: list[int]
+    holder_tickets: list[int]
+    waiting_tickets: list[int]
 
 
 class _Semaphore:
@@ -113,11 +117,12 @@ class SemaphoreLeases:
         waiting) leaves room; otherwise it would overtake the waiters.
 
         In a cluster a home may ask again for a lock it asked for before (a retry, or after the
-        owner changed): the same count keeps its place and takes on the new `ticket`, the home's
-        name for this lock that releases must quote. A held lock is the same one only if its
-        ticket is this one, or unknown (0: a replica's, whose grant may not have reached the
-        home, so it gets a new token above the one nobody saw); under another ticket it is an
-        older lock whose release was lost, and this request is new.
+        owner or the home changed): the same count keeps its place and takes on the new
+        `ticket`, the home's name for this lock that releases must quote. A held lock asked for
+        under another ticket may be one granted after the home's replica was taken (the home
+        died, and its successor names the lock anew), so its client holds it; or one whose
+        release was lost with its owner, whose token is below tokens given since. Either way
+        it stays held, with a new token.
         """
         sem = self._semaphore(semaphore)
         held = sem.holders.get(peer_id)
@@ -126,7 +131,7 @@ class SemaphoreLeases:
         if waiting is not None and count == waiting[0]:
             sem.tickets[peer_id] = ticket
             return False
-        if held == count and known in (ticket, 0):
+        if held == count:
             if known != ticket:
                 sem.tokens[peer_id] = sem.next_token
                 sem.next_token += 1
@@ -173,9 +178,9 @@ class SemaphoreLeases:
     def restore(self, peer_id: int, semaphore: str, count: int, ticket: int = 0) -> None:
         """Count a lock a client says it holds, even beyond max: it is using the resource already.
 
-        Idempotent, so a repeated restore (a retry: the same ticket) counts once, and keeps its
-        token. A lock held under another ticket (or one a replica knew, 0) gets a new token: it
-        may be one whose release was lost, whose old token is below tokens given since.
+        Idempotent, so a repeated restore (a retry, or a lock moved with its ticket) counts
+        once, and keeps its token. A lock held under another ticket gets a new token: it may be
+        one whose release was lost, whose old token is below tokens given since.
         """
         sem = self._semaphore(semaphore)
         previous = sem.holders.get(peer_id)
@@ -206,6 +211,8 @@ class SemaphoreLeases:
                 [sem.tokens[peer_id] for peer_id in sem.holders],
                 list(sem.queue),
                 [count for count, _ in sem.queue.values()],
+                [sem.tickets[peer_id] for peer_id in sem.holders],
+                [sem.tickets[peer_id] for peer_id in sem.queue],
             )
             for sem in chosen
         ]
@@ -241,18 +248,24 @@ class SemaphoreLeases:
             sem = self._semaphores[record.name]
             next_epoch = (record.next_token >> TOKEN_EPOCH_SHIFT) + 1
             sem.next_token = max(sem.next_token, next_epoch << TOKEN_EPOCH_SHIFT)
-            for peer_id, count, token in zip(
-                record.holder_ids, record.holder_counts, record.holder_tokens, strict=True
+            for peer_id, count, token, ticket in zip(
+                record.holder_ids,
+                record.holder_counts,
+                record.holder_tokens,
+                record.holder_tickets,
+                strict=True,
             ):
                 if peer_id not in sem.tickets:
                     sem.holders[peer_id] = count
                     sem.tokens[peer_id] = token
-                    sem.tickets[peer_id] = 0
+                    sem.tickets[peer_id] = ticket
                     sem.acquired += count
-            for peer_id, count in zip(record.waiting_ids, record.waiting_counts, strict=True):
+            for peer_id, count, ticket in zip(
+                record.waiting_ids, record.waiting_counts, record.waiting_tickets, strict=True
+            ):
                 if peer_id not in sem.tickets:
                     sem.queue[peer_id] = (count, now)
-                    sem.tickets[peer_id] = 0
+                    sem.tickets[peer_id] = ticket
                     sem.pending += count
             if sem.tickets:
                 self._in_use.add(sem.name)

@@ -654,11 +654,11 @@ class ShardCore:
                 self._held_back.append((sender, message))
             return
         peer_id = message.peer_id
-        if not isinstance(message, LockRelease) and self.home_of(peer_id) != sender:
-            # Only the peer's home (in this node's view) speaks for its locks. A node that was
-            # its home before, cut off or not yet aware that the peer moved, may still send
-            # what it held then, and a request under a stale ticket would drop the lock the
-            # home holds now. (A release quotes its lock's ticket, so it is safe from anyone.)
+        if not isinstance(message, LockRelease) and sender not in self._ring.members:
+            # Only members speak for locks. A node cut off (it stepped down, and forgot its
+            # peers) may still have requests it made then on their way, and a request under a
+            # stale ticket would drop the lock the peer's home holds now. (A release quotes
+            # its lock's ticket, so it is safe from anyone.)
             self._send(sender, LockRefused(peer_id, name, message.ticket))
             return
         self._feed.semaphores_changed([name])

@@ -22,7 +22,7 @@ def peer(peer_id: int, expires_in: float = 10.0, **held: int) -> PeerRecord:
 
 def test_deltas_in_order_build_the_copy_with_lifetimes_rebased():
     store = ReplicaStore()
-    record = SemaphoreRecord("A", 7, [1], [1], [6], [], [])
+    record = SemaphoreRecord("A", 7, [1], [1], [6], [], [], [5], [])
     assert store.apply(ReplicaDelta(0, True, [peer(1, A=1), peer(2)], [], [record]), now=100)
     assert store.apply(ReplicaDelta(1, False, [peer(2, 20.0)], [1], []), now=105)
     replica = store.replica(now=110)
