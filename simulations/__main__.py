@@ -20,6 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from simulations.planted import PLANTED  # noqa: E402
 from simulations.run import Outcome, quiet_node_logs, read_seeds, run_seed  # noqa: E402
 
 
@@ -37,8 +38,16 @@ def main() -> int:
     run.add_argument("--jobs", type=int, default=1, help="processes running seeds at once")
     run.add_argument("--trace", action="store_true", help="print the history of each run")
     run.add_argument("--hashes", action="store_true", help="print each seed's trace hash")
+    run.add_argument("--until-caught", action="store_true", help="stop at the first violation")
+    run.add_argument(
+        "--plant", choices=sorted(PLANTED), help="run with this bug planted (checkers' teeth)"
+    )
     args = parser.parse_args()
     quiet_node_logs()
+    if args.plant:
+        if args.jobs > 1:
+            parser.error("--plant runs in this process only: --jobs 1")
+        PLANTED[args.plant]()
 
     if args.seed is not None:
         seeds: Sequence[int] = [args.seed]
@@ -61,6 +70,8 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
+        if args.until_caught and outcome.violations:
+            break
     print(file=sys.stderr)
     elapsed = time.monotonic() - started
     outcomes.sort(key=lambda o: o.seed)
@@ -69,6 +80,8 @@ def main() -> int:
             print(f"seed {outcome.seed} hash {outcome.trace_hash}")
     failures = [o for o in outcomes if o.violations]
     print(f"runs        {len(outcomes)} ({len(outcomes) / elapsed * 60:.0f} per minute)")
+    if args.plant:
+        print(f"planted     {args.plant}")
     print(f"operations  {sum(o.operations for o in outcomes)}")
     print(
         "faults      "

@@ -10,7 +10,7 @@ import trio
 @dataclass(frozen=True, slots=True)
 class Event:
     at: float
-    kind: str  # "granted", "released", "refused", "note"
+    kind: str  # "granted", "released", "refused", "fault", "healed", "stuck", "note"
     who: str
     semaphore: str = ""
     count: int = 0
@@ -38,6 +38,16 @@ class History:
     def refused(self, who: str, semaphore: str, why: str) -> None:
         self.operations += 1
         self._add(Event(trio.current_time(), "refused", who, semaphore, detail=why))
+
+    def fault(self, kind: str, victim: str, lasting: float) -> None:
+        self._add(Event(trio.current_time(), "fault", victim, detail=f"{kind} for {lasting:.2f}s"))
+
+    def healed(self, kind: str, victim: str) -> None:
+        self._add(Event(trio.current_time(), "healed", victim, detail=kind))
+
+    def stuck(self, text: str) -> None:
+        """A promise of liveness not kept (the checkers report it)."""
+        self._add(Event(trio.current_time(), "stuck", "-", detail=text))
 
     def note(self, text: str) -> None:
         self._add(Event(trio.current_time(), "note", "-", detail=text))

@@ -42,10 +42,13 @@ rate_gossip_interval = "50ms"
 )
 NODES = 3
 CLIENTS = 4
+CLIENT_IDS = [f"c{number}" for number in range(CLIENTS)]
 TASKS_PER_CLIENT = 2
 DURATION = 30.0  # virtual seconds of workload
 BOOT_TIMEOUT = 30.0
-SETTLE = 15.0  # virtual seconds after the faults heal, before the last checks
+SETTLE = 15.0
+# A cluster not whole again this long after a fault healed is a failure of its own.
+RECOVERY_LIMIT = 20.0  # virtual seconds after the faults heal, before the last checks
 EXPIRES_IN = 5.0
 
 
@@ -129,14 +132,14 @@ async def _simulate(seed: int) -> Outcome:
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
         history.note("faults enabled: " + (", ".join(kinds) or "none"))
         async with trio.open_nursery() as workload:
-            for number in range(CLIENTS):
-                workload.start_soon(_client, f"c{number}", cluster, history, rng.getrandbits(64))
+            for name in CLIENT_IDS:
+                workload.start_soon(_client, name, cluster, history, rng.getrandbits(64))
             if kinds:
                 workload.start_soon(_inject_faults, nursery, cluster, history, kinds, faults)
             await trio.sleep(DURATION)
             workload.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
-    violations = check_history(history, CONFIG)
+    violations = check_history(history, CONFIG, EXPIRES_IN)
     trace = history.lines()
     return Outcome(
         seed=seed,
@@ -148,32 +151,44 @@ async def _simulate(seed: int) -> Outcome:
     )
 
 
-FAULTS = ("crash", "partition", "one_way")
+FAULTS = ("crash", "partition", "one_way", "client_cut")
+# A lock body lasts up to `SHORT_HOLD` seconds, or, one time in `LONG_HOLD_ONE_IN`, longer than
+# a peer's expiry: heartbeats alone keep it.
+SHORT_HOLD = 0.5
+LONG_HOLD = (EXPIRES_IN * 0.6, EXPIRES_IN * 1.6)
+LONG_HOLD_ONE_IN = 10
 
 
 async def _inject_faults(
     nursery: trio.Nursery, cluster: _Cluster, history: History, kinds: list[str], fired: Counter
 ) -> None:
-    """One fault at a time, each healed before the next, until the workload ends."""
+    """One fault at a time, until the workload ends: each healed, and the cluster whole again
+    (every node serving its share), before the next."""
     rng = random.Random(cluster.rng.getrandbits(64))
     while True:
         await trio.sleep(rng.uniform(1.0, 4.0))
         kind = rng.choice(kinds)
-        victim = rng.choice(cluster.ids)
+        victim = rng.choice(CLIENT_IDS if kind == "client_cut" else cluster.ids)
         others = [node_id for node_id in cluster.ids if node_id != victim]
         lasting = rng.uniform(0.5, 6.0)
         fired[kind] += 1
-        history.note(f"fault {kind} {victim} for {lasting:.2f}s")
+        history.fault(kind, victim, lasting)
         if kind == "crash":
             cluster.nodes[victim].crash()
             await trio.sleep(lasting)
             await cluster.start(nursery, victim)
         else:
             for other in others:
-                cluster.network.cut(victim, other, both_ways=kind == "partition")
+                cluster.network.cut(victim, other, both_ways=kind != "one_way")
             await trio.sleep(lasting)
             cluster.network.heal()
-        history.note(f"healed {kind} {victim}")
+        history.healed(kind, victim)
+        healed = trio.current_time()
+        while not cluster.all_ready():
+            if trio.current_time() > healed + RECOVERY_LIMIT:
+                history.stuck(f"not every node serves {RECOVERY_LIMIT:g} s after the heal")
+                return
+            await trio.sleep(0.1)
 
 
 async def _client(name: str, cluster: _Cluster, history: History, seed: int) -> None:
@@ -207,7 +222,10 @@ async def _locker(name: str, client: Client, history: History, rng: random.Rando
             async with client.lock(semaphore, count=count, timeout=10) as lease:
                 history.granted(name, semaphore, count, lease.fencing_token, lease.peer_id)
                 try:
-                    await trio.sleep(rng.uniform(0, 0.5))
+                    long = rng.randrange(LONG_HOLD_ONE_IN) == 0
+                    await trio.sleep(
+                        rng.uniform(*LONG_HOLD) if long else rng.uniform(0, SHORT_HOLD)
+                    )
                 finally:
                     history.released(name, semaphore, count, lease.lost)
         except Exception as error:  # noqa: BLE001 (every refusal is part of the history)
