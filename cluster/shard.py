@@ -576,10 +576,13 @@ class ShardCore:
             self._forget_lock(peer_id, name, tell_owner=True)
 
     def _forget_lock(self, peer_id: int, semaphore: str, tell_owner: bool) -> None:
-        ticket = self._tickets.pop((peer_id, semaphore), None)
+        # A lock this home never named (it came with the peer from a replica or a hand-over,
+        # and has not been re-asserted yet) is released under ticket 0: whichever lock the
+        # owner has for the peer there, as no newer one can exist without this home's name.
+        ticket = self._tickets.pop((peer_id, semaphore), 0)
         self._tokens.pop((peer_id, semaphore), None)
         self._due.pop((peer_id, semaphore), None)
-        if tell_owner and ticket is not None:
+        if tell_owner:
             self._send(self.owner_of(semaphore), LockRelease(peer_id, semaphore, ticket))
 
     def _reassert(
@@ -663,7 +666,7 @@ class ShardCore:
             return
         self._feed.semaphores_changed([name])
         if isinstance(message, LockRelease):
-            self._leases.release(peer_id, name, message.ticket)
+            self._leases.release(peer_id, name, message.ticket or None)
         else:
             if isinstance(message, LockRequest):
                 granted = self._leases.request(

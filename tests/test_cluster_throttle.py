@@ -226,7 +226,9 @@ def test_holders_keep_their_leases_when_the_owner_is_killed(cluster):
     wait_until(lambda: gauge(victim, "sluicegate_semaphores_owned") > 0, 5, "owns again")
     assert Client(victim.url).remainder("C") == 1  # holder 0 (3) and the waiter (1) of 5
     assert client.is_acquired(holders[0].id) and client.is_acquired(waiter)
-    assert fencing_token(url, waiter, "C", 1) == token_after
+    # The same token, or a newer one if the waiter's home moved back with the restart (its new
+    # home names the lock anew: docs/protocol.md).
+    assert fencing_token(url, waiter, "C", 1) >= token_after
     holders[0].stop_heartbeat()
     samples = sampler.stop()
     # Through the kill, the takeover and the restart, never more than max was granted.
