@@ -133,7 +133,7 @@ class NodeChoice:
 
     def failed(self, now: float, give_up_at: float) -> Decision:
         """`url` did not answer: the next one, at once or (after a whole round) after a wait."""
-        self._current = (self._current + 1) % len(self._urls)
+        self.skip()
         self._failed_in_round += 1
         if self._failed_in_round < len(self._urls):
             return Retry(0.0)

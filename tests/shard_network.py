@@ -53,18 +53,19 @@ class ShardNetwork:
             pull_retry=PULL_RETRY,
         )
         self.events[node_id] = []
-        for pair in list(self.queues):
-            if pair[0] == node_id:
-                del self.queues[pair]  # what its previous life had not sent yet is gone with it
+        self._drop_unsent(node_id)
         return self.nodes[node_id]
 
     def kill(self, node_id: str) -> None:
         """The node dies; what others queued for it waits, as on a link that is down."""
         del self.nodes[node_id]
         del self.generations[node_id]
-        for pair in list(self.queues):
-            if pair[0] == node_id:
-                del self.queues[pair]
+        self._drop_unsent(node_id)
+
+    def _drop_unsent(self, node_id: str) -> None:
+        """What a node's life had not sent yet is gone with it."""
+        for pair in [pair for pair in self.queues if pair[0] == node_id]:
+            del self.queues[pair]
 
     def change_members(
         self,
