@@ -2,7 +2,11 @@
 
 * `Link` is everything this node has to say to one other node: an outbox that fills while the
   connection is down and drains, whole, into one frame per wake-up while it is up, plus a receiver
-  that hands every decoded frame to the node.
+  that hands every decoded frame to the node. Messages are numbered, and each stays in the outbox
+  until the other end acknowledges it: a connection that breaks or is replaced (the two nodes
+  dialled each other at once) loses what was in flight on it, and the next one sends that again.
+  The receiver drops what it already had, so each message reaches one life of the remote node
+  once, in order.
 * `Links` keeps the links of one node: the node with the smaller id dials (redialling with
   exponential backoff and jitter), the other accepts; either way the connection ends up carrying
   its `Link`.
@@ -22,6 +26,7 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 import trio
@@ -73,6 +78,25 @@ class Welcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Sequenced:
+    """Heads every frame on a link: its first message is number `first` of the sender's
+    messages to this life of the receiver, and the sender has received `received` of the
+    receiver's (an acknowledgement)."""
+
+    first: int
+    received: int
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """Stands in a frame for a message meant for an earlier life of the receiver (it keeps the
+    numbering)."""
+
+
+SKIPPED = Skipped()
+
+
+@dataclass(frozen=True, slots=True)
 class Linked:
     """The other end of a link that passed the handshake: which node, in which life."""
 
@@ -80,8 +104,8 @@ class Linked:
     generation: int
 
 
-# Tags of the handshake; a node's own message tags must stay clear of them.
-HANDSHAKE_MESSAGES = {1000: Challenge, 1001: Hello, 1002: Welcome}
+# Tags of the handshake and of frame headers; a node's own message tags must stay clear of them.
+HANDSHAKE_MESSAGES = {1000: Challenge, 1001: Hello, 1002: Welcome, 1003: Sequenced, 1004: Skipped}
 
 
 class LinkRefused(Exception):
@@ -163,11 +187,20 @@ class Link:
         self._codec = codec
         self._deliver = deliver
         self._on_down = on_down
-        # (The life of the remote node the sender meant it for, or None for any; the message.)
-        self._outbox: deque[tuple[int | None, object]] = deque(maxlen=OUTBOX_LIMIT)
+        # Messages not acknowledged yet: (the life of the remote node the sender meant it for,
+        # or None for any; the message). The first is number `_first` of this life's messages.
+        self._outbox: deque[tuple[int | None, object]] = deque()
+        self._first = 0
+        # The number of the first message not sent on the current connection yet.
+        self._unsent = 0
         self._wake = trio.Event()
         self._carrier: trio.CancelScope | None = None
+        self._carried = trio.Event()
+        self._carried.set()
         self._remote_generation: int | None = None
+        # How many of the remote life's messages this node has received (and handed on).
+        self._received = 0
+        self._acknowledged = True
         self.dropped = 0
         self.stale = 0
         self.frames_sent = 0
@@ -178,9 +211,14 @@ class Link:
         return self._carrier is not None
 
     @property
+    def unacknowledged(self) -> int:
+        """Messages the other end has not acknowledged (sent or not)."""
+        return len(self._outbox)
+
+    @property
     def idle(self) -> bool:
-        """Nothing queued and nothing being sent."""
-        return not self._outbox and not self._sending
+        """Nothing queued and nothing being sent (sent messages may await acknowledgement)."""
+        return self._unsent == self._first + len(self._outbox) and not self._sending
 
     def send(self, message: object, generation: int | None = None) -> None:
         """Queue a message; it leaves with the next frame, or when the link is up again.
@@ -190,7 +228,10 @@ class Link:
         of state, an answer) is stale for its next life, which starts from what it pulls."""
         if len(self._outbox) == OUTBOX_LIMIT:
             # A link down for long: the oldest messages are the least useful (their callers have
-            # given up); the deque drops them rather than grow without bound.
+            # given up); drop them rather than grow without bound.
+            self._outbox.popleft()
+            self._first += 1
+            self._unsent = max(self._unsent, self._first)
             self.dropped += 1
         self._outbox.append((generation, message))
         self._wake.set()
@@ -198,17 +239,30 @@ class Link:
     async def carry(self, conn: MessageConnection, generation: int) -> None:
         """Send and receive over `conn`, to the remote node's life `generation`, until it
         breaks; a newer connection replaces this one."""
-        if self._carrier is not None:
-            self._carrier.cancel()
+        replaced, replaced_done = self._carrier, self._carried
+        carried = self._carried = trio.Event()
         with trio.CancelScope() as scope:
             self._carrier = scope
-            self._remote_generation = generation
+            if replaced is not None:
+                replaced.cancel()
+            # The replaced connection stops first: two must not hand on messages at once.
+            with trio.CancelScope(shield=True):
+                await replaced_done.wait()
+            if generation != self._remote_generation:
+                self._remote_generation = generation
+                self._received = 0
+            # What the last connection sent may not have arrived: send everything not
+            # acknowledged again, and tell the other end what arrived here.
+            self._unsent = self._first
+            self._acknowledged = False
+            self._wake.set()
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_loop, conn, nursery.cancel_scope)
                     await self._receive_loop(conn)
                     nursery.cancel_scope.cancel()
             finally:
+                carried.set()
                 if self._carrier is scope:
                     # No newer connection took over: the link is down until one does.
                     self._carrier = None
@@ -219,16 +273,20 @@ class Link:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
+                first = self._unsent
+                pending = list(islice(self._outbox, first - self._first, None))
+                if not pending and self._acknowledged:
+                    continue
                 batch = [
-                    message
-                    for meant_for, message in self._outbox
-                    if meant_for is None or meant_for == self._remote_generation
+                    message if meant_for in (None, self._remote_generation) else SKIPPED
+                    for meant_for, message in pending
                 ]
-                self.stale += len(self._outbox) - len(batch)
-                self._outbox.clear()
+                self.stale += sum(1 for message in batch if message is SKIPPED)
+                self._unsent = first + len(batch)
+                self._acknowledged = True
                 self._sending = True
                 try:
-                    for frame in self._frames(batch):
+                    for frame in self._frames(first, batch):
                         await conn.send_message(frame)
                         self.frames_sent += 1
                 finally:
@@ -236,16 +294,16 @@ class Link:
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             stop.cancel()
 
-    def _frames(self, batch: list[object]) -> list[bytes]:
+    def _frames(self, first: int, batch: list[object]) -> list[bytes]:
         """Encode a batch into as few frames as fit under the frame limit."""
         try:
-            return [self._codec.encode(batch)]
+            return [self._codec.encode([Sequenced(first, self._received), *batch])]
         except WireError:
             if len(batch) == 1:
                 log.error("Dropped a message too large for one frame: %r", batch[0])
-                return []
+                return self._frames(first, [SKIPPED])
             half = len(batch) // 2
-            return self._frames(batch[:half]) + self._frames(batch[half:])
+            return self._frames(first, batch[:half]) + self._frames(first + half, batch[half:])
 
     async def _receive_loop(self, conn: MessageConnection) -> None:
         while True:
@@ -258,12 +316,34 @@ class Link:
                 await conn.aclose(1003, "binary frames only")
                 return
             try:
-                messages = self._codec.decode(data)
-            except WireError as error:
+                header, *messages = self._codec.decode(data)
+                if not isinstance(header, Sequenced):
+                    raise WireError("a frame starts with its sequence header")
+            except (WireError, ValueError) as error:
                 log.warning("Closing the link to %s: %s", self.remote_id, error)
                 await conn.aclose(1007, "malformed frame")
                 return
-            await self._deliver(self.remote_id, messages)
+            self._acknowledge(header.received)
+            if not messages:
+                continue
+            self._acknowledged = False
+            self._wake.set()
+            # Messages before `_received` arrived over an earlier connection. A gap (the other
+            # end dropped its oldest messages while the link was down) is accepted.
+            self._received = max(self._received, header.first)
+            for message in messages[self._received - header.first :]:
+                if not isinstance(message, Skipped):
+                    # One at a time: a newer connection may cancel this one between two, and
+                    # the count must say exactly which arrived.
+                    await self._deliver(self.remote_id, [message])
+                self._received += 1
+
+    def _acknowledge(self, received: int) -> None:
+        """The other end has received the first `received` messages: forget them."""
+        while self._first < received and self._outbox:
+            self._outbox.popleft()
+            self._first += 1
+        self._unsent = max(self._unsent, self._first)
 
 
 # What dialing and the handshake can fail with; anything else is a bug and propagates.
