@@ -37,6 +37,7 @@ from .wire import MAX_FRAME, Codec, WireError
 log = logging.getLogger("sluicegate.links")
 
 HANDSHAKE_TIMEOUT = 5.0
+CLOSE_TIMEOUT = 0.5
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 5.0
 OUTBOX_LIMIT = 100_000
@@ -195,6 +196,7 @@ class Link:
         self._unsent = 0
         self._wake = trio.Event()
         self._carrier: trio.CancelScope | None = None
+        self._carrier_preferred = False
         self._carried = trio.Event()
         self._carried.set()
         self._remote_generation: int | None = None
@@ -236,13 +238,25 @@ class Link:
         self._outbox.append((generation, message))
         self._wake.set()
 
-    async def carry(self, conn: MessageConnection, generation: int) -> None:
+    async def carry(self, conn: MessageConnection, generation: int, preferred: bool = True) -> None:
         """Send and receive over `conn`, to the remote node's life `generation`, until it
-        breaks; a newer connection replaces this one."""
+        breaks; a newer connection replaces this one, unless this one is `preferred` (dialled
+        by the node of the smaller id) and the newer one is not. Both ends apply the rule, so
+        when two nodes dial each other at once they keep the same connection."""
+        if (
+            self._carrier is not None
+            and self._carrier_preferred
+            and not preferred
+            and generation == self._remote_generation
+        ):
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await conn.aclose()
+            return
         replaced, replaced_done = self._carrier, self._carried
         carried = self._carried = trio.Event()
         with trio.CancelScope() as scope:
             self._carrier = scope
+            self._carrier_preferred = preferred
             if replaced is not None:
                 replaced.cancel()
             # The replaced connection stops first: two must not hand on messages at once.
@@ -262,6 +276,10 @@ class Link:
                     await self._receive_loop(conn)
                     nursery.cancel_scope.cancel()
             finally:
+                # Closed here, replaced or broken: left open, a connection the other end still
+                # carries would swallow what it sends until a timeout noticed.
+                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                    await conn.aclose()
                 carried.set()
                 if self._carrier is scope:
                     # No newer connection took over: the link is down until one does.
@@ -432,7 +450,7 @@ class Links:
                 await conn.aclose(CLOSE_UNAUTHORIZED, "unexpected node")
                 raise LinkRefused(f"{address} is {remote.node_id!r}, not {remote_id!r}")
             log.info("Linked to %s at %s.", remote_id, address)
-            await self.link(remote_id).carry(conn, remote.generation)
+            await self.link(remote_id).carry(conn, remote.generation, self.dials(remote_id))
             connection.cancel_scope.cancel()
 
     async def introduce(
@@ -452,7 +470,7 @@ class Links:
                 if first_message is not None:
                     link.send(first_message)
                 with trio.move_on_after(hold):
-                    await link.carry(conn, remote.generation)
+                    await link.carry(conn, remote.generation, self.dials(remote.node_id))
                 connection.cancel_scope.cancel()
                 return remote.node_id
         except* DIAL_ERRORS as group:
@@ -468,7 +486,8 @@ class Links:
         except (LinkRefused, trio.TooSlowError, ConnectionClosed) as error:
             log.warning("Refused a node link: %s", error)
             return
-        await self.link(remote.node_id).carry(conn, remote.generation)
+        remote_dials = not self.dials(remote.node_id)
+        await self.link(remote.node_id).carry(conn, remote.generation, remote_dials)
 
     async def _dialer_handshake(self, conn: MessageConnection) -> Linked:
         return await dialer_handshake(
