@@ -39,13 +39,17 @@ class PeerRemoved:
 
 @dataclass(frozen=True, slots=True)
 class PeerRecord:
-    """One peer in a replica: its remaining lifetime, not a deadline, so no clock is shared."""
+    """One peer in a replica: its remaining lifetime, not a deadline, so no clock is shared;
+    `lease`, the lifetime its client last asked for. `provisional`: taken over from a replica,
+    not confirmed by its client since."""
 
     peer_id: int
     expires_in: float
     held: Mapping[str, int]
     pending_semaphore: str | None
     pending_count: int
+    provisional: bool = False
+    lease: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,20 @@ class AskOwner:
 
 
 class _Peer:
-    __slots__ = ("held", "pending", "expires_at")
+    __slots__ = ("held", "pending", "expires_at", "provisional", "lease")
 
-    def __init__(self, expires_at: float, held: dict[str, int]) -> None:
+    def __init__(
+        self, expires_at: float, held: dict[str, int], provisional: bool = False, lease: float = 0.0
+    ) -> None:
         self.held = held
         # The one lock this peer waits for, (semaphore, count), or None.
         self.pending: tuple[str, int] | None = None
         self.expires_at = expires_at
+        # Taken over from a replica, which may be behind: the client says what it holds (it
+        # restores the peer) before the peer serves it again.
+        self.provisional = provisional
+        # The lifetime its client last asked for (a heartbeat, or an acquire's `expires_in`).
+        self.lease = lease
 
     def locks(self) -> list[str]:
         """Semaphores this peer holds or waits for: what its owners must release when it goes."""
@@ -87,17 +98,20 @@ class PeerTable:
         expires_at: float,
         rng: random.Random,
         homed_here: Callable[[int], bool] = lambda peer_id: True,
+        lease: float = 0.0,
     ) -> int:
         """A new peer with a random id; in a cluster, an id whose home is this node."""
         while True:
             peer_id = rng.getrandbits(64)
             if peer_id not in self._peers and homed_here(peer_id):
                 break
-        self._add(peer_id, _Peer(expires_at, {}))
+        self._add(peer_id, _Peer(expires_at, {}, lease=lease))
         return peer_id
 
-    def heartbeat(self, peer_id: int, expires_at: float) -> None:
-        self._set_expiry(self._peer(peer_id), peer_id, expires_at)
+    def heartbeat(self, peer_id: int, expires_at: float, lease: float = 0.0) -> None:
+        peer = self._peer(peer_id)
+        peer.lease = lease
+        self._set_expiry(peer, peer_id, expires_at)
 
     def remove(self, peer_id: int) -> list[str] | None:
         """Delete a peer; the semaphores its owners must release, or None if it was not there."""
@@ -112,6 +126,12 @@ class PeerTable:
 
     def has_peer(self, peer_id: int) -> bool:
         return peer_id in self._peers
+
+    def is_provisional(self, peer_id: int) -> bool:
+        """Taken over from a replica and not restored by its client since: its locks may be
+        behind what the client holds, or ahead of it."""
+        peer = self._peers.get(peer_id)
+        return peer is not None and peer.provisional
 
     def wants(self, peer_id: int, semaphore: str) -> int | None:
         """The count the peer holds or waits for on `semaphore`; None if neither."""
@@ -165,6 +185,7 @@ class PeerTable:
         if count > config.max:
             raise LockNeverAcquirable(count, config.max)
         if expires_in is not None:
+            self._peer(peer_id).lease = expires_in
             self._set_expiry(self._peer(peer_id), peer_id, now + expires_in)
         if count < 1:
             raise InvalidLockCount(count)
@@ -211,9 +232,12 @@ class PeerTable:
             return True
         return False
 
-    def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> bool:
-        """Recreate a forgotten peer holding `acquired`; True if created, False if an identical
-        peer exists already (accepted as it is, its expiry untouched)."""
+    def restore(
+        self, peer_id: int, acquired: Mapping[str, int], expires_at: float, lease: float = 0.0
+    ) -> bool:
+        """Recreate a forgotten peer holding `acquired`; True if created (or a provisional one
+        replaced), False if an identical peer exists already (accepted as it is, its expiry
+        untouched)."""
         for name in acquired:
             if name not in self._config:
                 raise UnknownSemaphore(name)
@@ -221,11 +245,11 @@ class PeerTable:
             if count < 1:
                 raise InvalidLockCount(count)
         existing = self._peers.get(peer_id)
-        if existing is not None:
+        if existing is not None and not existing.provisional:
             if existing.pending is None and existing.held == dict(acquired):
                 return False
             raise RestoreConflict()
-        self._add(peer_id, _Peer(expires_at, dict(acquired)))
+        self._add(peer_id, _Peer(expires_at, dict(acquired), lease=lease))
         return True
 
     # -- replicas ----------------------------------------------------------------------------
@@ -240,18 +264,33 @@ class PeerTable:
                 dict(peer.held),
                 peer.pending[0] if peer.pending else None,
                 peer.pending[1] if peer.pending else 0,
+                peer.provisional,
+                peer.lease,
             )
             for peer_id, peer in ((p, self._peers[p]) for p in chosen)
         ]
 
-    def load(self, records: list[PeerRecord], now: float) -> list[int]:
-        """Take over the peers of a replica; peers known here already stay as they are.
-        Returns the ids of the peers taken over."""
+    def load(
+        self, records: list[PeerRecord], now: float, provisional_margin: float | None = None
+    ) -> list[int]:
+        """Take over the peers of a hand-over, or of a replica (`provisional_margin` given),
+        which may be behind: its node may have renewed a peer since, until it saw it was cut off
+        from the others. So a provisional peer lives at least a lease and the margin from `now`,
+        in which its client hears it is unknown, and restores it. Peers known here already stay
+        as they are. Returns the ids of the peers taken over."""
         loaded = []
         for record in records:
             if record.peer_id in self._peers:
                 continue
-            peer = _Peer(now + record.expires_in, dict(record.held))
+            expires_at = now + record.expires_in
+            if provisional_margin is not None:
+                expires_at = max(expires_at, now + record.lease + provisional_margin)
+            peer = _Peer(
+                expires_at,
+                dict(record.held),
+                provisional_margin is not None or record.provisional,
+                record.lease,
+            )
             if record.pending_semaphore is not None:
                 peer.pending = (record.pending_semaphore, record.pending_count)
             self._add(record.peer_id, peer)
@@ -286,8 +325,10 @@ class PeerTable:
     # -- internals ---------------------------------------------------------------------------
 
     def _peer(self, peer_id: int) -> _Peer:
+        """The peer, for its client's operations: a provisional one is unknown to them, so that
+        the client restores it with the locks it holds."""
         peer = self._peers.get(peer_id)
-        if peer is None:
+        if peer is None or peer.provisional:
             raise UnknownPeer(peer_id)
         return peer
 

@@ -109,7 +109,13 @@ class SemaphoreLeases:
         self.restores_beyond_max = 0
 
     def request(
-        self, peer_id: int, semaphore: str, count: int, now: float, ticket: int = 0
+        self,
+        peer_id: int,
+        semaphore: str,
+        count: int,
+        now: float,
+        ticket: int = 0,
+        provisional: bool = False,
     ) -> bool:
         """A new lock asks for `count`: True if granted now, False if it waits in line.
 
@@ -119,10 +125,11 @@ class SemaphoreLeases:
         In a cluster a home may ask again for a lock it asked for before (a retry, or after the
         owner or the home changed): the same count keeps its place and takes on the new
         `ticket`, the home's name for this lock that releases must quote. A held lock asked for
-        under another ticket may be one granted after the home's replica was taken (the home
-        died, and its successor names the lock anew), so its client holds it; or one whose
-        release was lost with its owner, whose token is below tokens given since. Either way
-        it stays held, with a new token.
+        under another ticket is the peer's last lock, which its home released (the release was
+        lost, or this owner's replica missed it): the new one waits its turn. Unless the home is
+        `provisional`, taking the peer over from a replica that had the lock pending: the
+        grant may have reached the client before the home died, so the lock stays held, with
+        a new token (the client's restore says whether it holds it).
         """
         sem = self._semaphore(semaphore)
         held = sem.holders.get(peer_id)
@@ -131,7 +138,7 @@ class SemaphoreLeases:
         if waiting is not None and count == waiting[0]:
             sem.tickets[peer_id] = ticket
             return False
-        if held == count:
+        if held == count and (known == ticket or provisional):
             if known != ticket:
                 sem.tokens[peer_id] = sem.next_token
                 sem.next_token += 1

@@ -72,12 +72,14 @@ HELD_BACK_LIMIT = 100_000
 
 @dataclass(frozen=True, slots=True)
 class LockRequest:
-    """Home to owner: the peer passed checks 1 to 8; does `count` fit (check 9)?"""
+    """Home to owner: the peer passed checks 1 to 8; does `count` fit (check 9)? `provisional`:
+    the home took the peer over from a replica and its client has not restored it yet."""
 
     peer_id: int
     semaphore: str
     count: int
     ticket: int
+    provisional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,13 +277,15 @@ class ShardCore:
     def new_peer(self, expires_at: float, rng: random.Random) -> int:
         if self._ring is None or any(old is None for old, _ in self._awaiting.values()):
             raise NotServing(f"{self.node_id} is still taking over its share")
-        peer_id = self._peers.new_peer(expires_at, rng, homed_here=self.serves_peer)
+        peer_id = self._peers.new_peer(
+            expires_at, rng, homed_here=self.serves_peer, lease=expires_at - self._now
+        )
         self._feed.peer_changed(peer_id)
         return peer_id
 
     def heartbeat(self, peer_id: int, expires_at: float) -> None:
         self._check_home(peer_id)
-        self._peers.heartbeat(peer_id, expires_at)
+        self._peers.heartbeat(peer_id, expires_at, lease=expires_at - self._now)
         self._feed.peer_changed(peer_id)
 
     def release_peer(self, peer_id: int) -> bool:
@@ -350,8 +354,15 @@ class ShardCore:
 
     def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> None:
         self._check_home(peer_id)
-        if self._peers.restore(peer_id, acquired, expires_at):
+        # A provisional peer (taken over from a replica) becomes what its client holds: locks
+        # the replica had and the client has not are released now (else the owners' audits
+        # would, later).
+        previous = self._peers.locks_of(peer_id) if self._peers.is_provisional(peer_id) else []
+        if self._peers.restore(peer_id, acquired, expires_at, lease=expires_at - self._now):
             self._feed.peer_changed(peer_id)
+            for name in previous:
+                if name not in acquired:
+                    self._forget_lock(peer_id, name, tell_owner=True)
             for name in acquired:
                 self._tickets[peer_id, name] = self._rng.getrandbits(63)
                 self._tell_owner(peer_id, name, self._now)
@@ -503,6 +514,7 @@ class ShardCore:
     def replicate(self, now: float) -> None:
         """Stream what changed since the last call to every other member (see
         `cluster/replication.py`); a member new to the stream gets a whole copy."""
+        self._now = now
         if self._ring is None:
             return
         changed, removed, semaphores = self._feed.take_changes()
@@ -557,7 +569,9 @@ class ShardCore:
         if ticket is None:
             ticket = self._tickets[key] = self._rng.getrandbits(63)
         if pending is not None and pending[0] == semaphore:
-            message: Message = LockRequest(peer_id, semaphore, pending[1], ticket)
+            message: Message = LockRequest(
+                peer_id, semaphore, pending[1], ticket, self._peers.is_provisional(peer_id)
+            )
         else:
             count = self._peers.holds(peer_id, semaphore)
             if count is None:
@@ -635,7 +649,11 @@ class ShardCore:
         for peer_id, name, ticket in zip(
             audit.peer_ids, audit.semaphores, audit.tickets, strict=True
         ):
-            if self.serves_peer(peer_id) and self._peers.wants(peer_id, name) is None:
+            if not self.serves_peer(peer_id) or self._peers.is_provisional(peer_id):
+                # A provisional peer's replica may be behind its client: it says what it holds
+                # when it restores the peer (or the peer expires).
+                continue
+            if self._peers.wants(peer_id, name) is None:
                 self._send(sender, LockRelease(peer_id, name, ticket))
 
     # -- internals: owner --------------------------------------------------------------------
@@ -670,7 +688,7 @@ class ShardCore:
         else:
             if isinstance(message, LockRequest):
                 granted = self._leases.request(
-                    peer_id, name, message.count, self._now, message.ticket
+                    peer_id, name, message.count, self._now, message.ticket, message.provisional
                 )
             else:
                 self._leases.restore(peer_id, name, message.count, message.ticket)
@@ -731,7 +749,9 @@ class ShardCore:
         # Every peer the departed member held, also those another member is home of now: that
         # one may have no replica (it joined moments ago, or the views differed), and
         # `_push_stranded` sends them on. Semaphores are rebuilt by their homes if need be.
-        loaded = self._peers.load(replica.peers, now)
+        # Its node may have renewed a peer after the replica, until it stepped down, about when
+        # this node saw it gone: a grace period's margin covers the difference.
+        loaded = self._peers.load(replica.peers, now, provisional_margin=self._takeover_grace)
         for peer_id in loaded:
             self._feed.peer_changed(peer_id)
         theirs = [n for n in self._config if was_theirs(semaphore_key(n))]

@@ -78,4 +78,4 @@ def test_a_lost_delta_is_repaired_by_a_new_stream_before_the_takeover_needs_it()
     net.change_members()
     net.deliver_all()
     assert net.home(holder).has_peer(holder) and net.home(late).has_peer(late)
-    assert net.home(holder).is_acquired(holder)
+    assert net.home(holder).locks_of(holder) == ["A"]

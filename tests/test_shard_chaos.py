@@ -131,8 +131,20 @@ def replay(seed: int) -> None:
             leases = node._leases
             assert leases.any_in_use() == any(leases.in_use(n) for n in CONFIG), (seed, number)
 
-    # The faults stop: everyone learns the members, and time passes.
+    # The faults stop: everyone learns the members, and time passes. Clients restore the peers
+    # taken over from replicas (they hear of it as an unknown peer), holding what their homes
+    # say (no client here knows better).
     net.change_members()
+    net.deliver_all()
+    for node in net.nodes.values():
+        for peer_id in node.peer_ids():
+            if node._peers.is_provisional(peer_id):
+                held = {
+                    name: count
+                    for _, name, count, waiting in node._peers.locks(iter([peer_id]))
+                    if not waiting
+                }
+                node.restore(peer_id, held, net.now + 10_000)
     net.deliver_all()
     for _ in range(6):
         net.send_replicas()

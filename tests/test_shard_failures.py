@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from sluicegate.cluster.errors import UnknownPeer
 from sluicegate.cluster.ring import Ring, peer_key
 from sluicegate.cluster.semaphore_leases import SemaphoreLeases
 from sluicegate.cluster.semaphore_ops import Acquire, apply
@@ -42,8 +45,11 @@ def test_what_was_said_to_a_node_before_it_restarted_does_not_reach_it_after():
     net.deliver_all()
     net.advance(2.0)
     assert any(isinstance(m, Handoff) and m.peers for _, m in net.queues.get(("n1", "n3"), ()))
-    # Then n1 sees it too, takes the peer over, and the client releases the lock there.
+    # Then n1 sees it too and takes the peer over; the client restores it there (n1 took it
+    # from a replica) and releases the lock.
     net.change_members(only=["n1"])
+    net.deliver_all()
+    net.home(peer).restore(peer, {"A": 1}, 100)
     net.deliver_all()
     net.release(peer, "A")
     assert net.acquired("A") == 0
@@ -77,26 +83,38 @@ def test_a_semaphore_gained_without_a_hand_over_gives_tokens_above_the_change():
     assert core.fencing_token(peer, owned[0]) >= 9000 << 22
 
 
-def test_a_request_of_a_held_count_under_a_new_ticket_keeps_the_lock_with_a_new_token():
-    """Seed 38: the release of a lock was lost with its owner; the peer's next lock was given
-    the old lock's token, below one given since. (A first fix made such a request a new lock,
-    behind the waiters; with long holds, seed 2 then showed the other case: the home died
-    after the grant, its successor's replica had the lock pending, and the client held it.)"""
+def test_a_request_of_a_held_count_under_a_new_ticket_waits_its_turn():
+    """Seed 174 (and an older 38): an owner died, and its successor's replica still had a lock
+    the home had released since; the peer's next request of the same count was taken for that
+    lock and granted at once, over max."""
+    leases = SemaphoreLeases({"A": SemaphoreConfig(1)}, epoch=1)
+    assert leases.request(7, "A", 1, now=0.0, ticket=11) is True
+    assert leases.request(8, "A", 1, now=0.0, ticket=21) is False  # waits behind peer 7
+    assert leases.request(7, "A", 1, now=1.0, ticket=12) is False  # the old lock is gone
+    granted = leases.token(8, "A")
+    assert granted is not None  # the waiter, in its turn
+    leases.release(8, "A", ticket=21)
+    assert leases.token(7, "A") > granted
+    # A retry under the same ticket is the same lock, with the same token.
+    assert leases.request(7, "A", 1, now=2.0, ticket=12) is True
+    assert leases.token(7, "A") > granted
+
+
+def test_a_provisional_home_asking_for_a_held_count_keeps_the_lock_with_a_new_token():
+    """Seed 2 (earlier): a home died after its peer's grant, and its successor's replica had the
+    lock pending; the client held it. Asked for by a provisional home, the lock stays held,
+    with a new token (the client's restore says whether it holds it)."""
     leases = SemaphoreLeases({"A": SemaphoreConfig(1)}, epoch=1)
     assert leases.request(7, "A", 1, now=0.0, ticket=11) is True
     first = leases.token(7, "A")
-    assert leases.request(8, "A", 1, now=0.0, ticket=21) is False  # waits behind peer 7
-    assert leases.request(7, "A", 1, now=1.0, ticket=12) is True  # still held...
+    assert leases.request(8, "A", 1, now=0.0, ticket=21) is False
+    assert leases.request(7, "A", 1, now=1.0, ticket=12, provisional=True) is True
     renamed = leases.token(7, "A")
-    assert renamed > first  # ...with a new token
+    assert renamed > first
     leases.release(7, "A", ticket=11)  # a release quoting the old name does nothing
     assert leases.token(7, "A") == renamed
     leases.release(7, "A", ticket=12)
-    granted = leases.token(8, "A")
-    assert granted > renamed  # the waiter, in its turn
-    # A retry under the same ticket is the same lock, with the same token.
-    assert leases.request(8, "A", 1, now=2.0, ticket=21) is True
-    assert leases.token(8, "A") == granted
+    assert leases.token(8, "A") > renamed
 
 
 def test_a_lock_known_from_a_replica_keeps_its_token_only_under_its_own_ticket():
@@ -167,3 +185,83 @@ def test_a_restore_under_another_ticket_gets_a_new_token():
     assert leases.token(7, "A") == old
     leases.restore(7, "A", 1, ticket=12)  # the home names it anew: maybe a lock long released
     assert leases.token(7, "A") > old
+
+
+def _replica_taker(net: ShardNetwork) -> tuple[str, str, int]:
+    """A node that is not A's owner, and a peer homed there whose home is a third node once it
+    is gone: (the node, the third, the peer)."""
+    owner = net.owner("A").node_id
+    victim = next(n for n in NODES if n != owner)
+    third = next(n for n in NODES if n not in (owner, victim))
+    return victim, third, _peer_at(net, victim, then_home=third, without=victim)
+
+
+def test_a_lock_granted_after_the_last_replica_outlives_its_home():
+    """Seed 38: a peer's home died just after the owner granted it a lock, before a replica had
+    the lock; the new home took the peer from its replica and told the owner, when it audited,
+    to release the lock its client still held."""
+    net = ShardNetwork(CONFIG, NODES)
+    victim, _, peer = _replica_taker(net)
+    net.send_replicas()
+    net.deliver_all()  # the replicas have the peer, without locks
+    assert net.acquire(peer, "A") is True
+    net.kill(victim)
+    net.change_members()
+    net.deliver_all()
+    net.advance(10.0)  # grace periods end, owners audit
+    other = net.new_peer(net.owner("A").node_id)
+    assert net.acquire(other, "A") is False
+    # The client hears of the takeover as an unknown peer, and restores what it holds.
+    home = net.home(peer)
+    with pytest.raises(UnknownPeer):
+        home.heartbeat(peer, net.now + 60)
+    home.restore(peer, {"A": 1}, net.now + 60)
+    net.deliver_all()
+    net.advance(10.0)
+    assert home.is_acquired(peer) and home.locks_of(peer) == ["A"]
+    assert net.acquired("A") == 1
+    assert not net.home(other).is_acquired(other)
+
+
+def test_a_lock_released_after_the_last_replica_is_released_once_its_client_restores():
+    """The other way round: the client released the lock after the last replica, and the new
+    home re-asserts it from the replica; the client's restore says it holds nothing."""
+    net = ShardNetwork(CONFIG, NODES)
+    victim, _, peer = _replica_taker(net)
+    assert net.acquire(peer, "A") is True
+    net.send_replicas()
+    net.deliver_all()  # the replicas have the lock
+    net.release(peer, "A")
+    net.kill(victim)
+    net.change_members()
+    net.deliver_all()
+    net.advance(10.0)
+    assert net.acquired("A") == 1  # re-asserted from the replica, and kept while unconfirmed
+    home = net.home(peer)
+    home.restore(peer, {}, net.now + 60)
+    net.deliver_all()
+    net.advance(10.0)
+    assert home.locks_of(peer) == []
+    assert net.acquired("A") == 0
+
+
+def test_a_peer_renewed_after_the_last_replica_outlives_it_at_its_new_home():
+    """Seed 78: a home cut off from the others renewed a peer before it saw it was alone; its
+    successor took the peer from the replica, with the expiry the replica had, and expired it
+    (and released its lock) while its client still counted on the renewal."""
+    net = ShardNetwork(CONFIG, NODES)
+    victim, _, peer = _replica_taker(net)
+    net.home(peer).heartbeat(peer, net.now + 5.0)
+    assert net.acquire(peer, "A") is True
+    net.send_replicas()
+    net.deliver_all()  # the replicas: 5 s left
+    net.advance(1.0)
+    net.nodes[victim].heartbeat(peer, net.now + 5.0)  # renewed until 6.0...
+    net.partition([victim], [n for n in NODES if n != victim])  # ...unseen by the others
+    home = net.home(peer)
+    assert home.node_id != victim
+    net.advance(4.5)  # past the replica's expiry (5.0), not the client's (6.0)
+    assert home.has_peer(peer) and net.acquired("A") == 1
+    home.restore(peer, {"A": 1}, net.now + 5.0)
+    net.deliver_all()
+    assert home.is_acquired(peer) and net.acquired("A") == 1
