@@ -17,36 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SEEDS = 200
 # Seeds of that sweep run again in another process, one at a time: the same trace hashes.
 REPLAYED = 20
-# Seeds of the sweep that fail, found by the simulations and not fixed yet (see the closing note
-# of issue 6's second session): ghost locks from stale replicas once lock bodies outlive a peer's
-# expiry, and leases lost while a rejoining node and a fresh fault overlap. The sweep must fail
-# exactly these: a new failure, or a fix, shows.
-OPEN = {
-    20,
-    22,
-    24,
-    27,
-    29,
-    45,
-    48,
-    57,
-    58,
-    60,
-    61,
-    68,
-    70,
-    78,
-    87,
-    89,
-    98,
-    99,
-    125,
-    136,
-    155,
-    163,
-    166,
-    178,
-}
 
 
 def simulate(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -85,9 +55,10 @@ def failed_seeds(output: str) -> set[int]:
     return {int(seed) for seed in re.findall(r"^seed (\d+) \(trace", output, re.M)}
 
 
-def test_every_seed_of_the_sweep_keeps_every_promise_but_the_open_ones(sweep):
+def test_every_seed_of_the_sweep_keeps_every_promise(sweep):
     assert re.search(rf"runs\s+{SEEDS} ", sweep.stdout), sweep.stderr[-2000:]
-    assert failed_seeds(sweep.stdout) == OPEN, sweep.stdout
+    assert failed_seeds(sweep.stdout) == set(), sweep.stdout
+    assert "violations  0 in 0 runs" in sweep.stdout
 
 
 def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, tmp_path):
@@ -106,4 +77,4 @@ def test_seeds_that_once_failed_pass():
     regressions = read_seeds(ROOT / "simulations" / "regressions.txt")
     done = simulate("--seeds-from", "simulations/regressions.txt", "--hashes", timeout=600)
     assert len(hashes(done.stdout)) == len(regressions)
-    assert failed_seeds(done.stdout) == OPEN & set(regressions), done.stdout
+    assert failed_seeds(done.stdout) == set(), done.stdout
