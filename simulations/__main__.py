@@ -15,6 +15,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -128,8 +129,13 @@ def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int
         seed = random.randrange(2**32)
     print(f"chaos: seed {seed}, {duration:g} s", flush=True)
     run = ChaosRun(duration, seed, progress=_progress_line)
+    # SIGTERM ends the run as Ctrl-C does: every process it started is killed on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         outcome = run.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; logs in {run.workdir}", file=sys.stderr)
+        return 130
     except BaseException:
         print(f"\nlogs        {run.workdir}", file=sys.stderr)
         raise
@@ -141,10 +147,11 @@ def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int
         "faults      "
         + (", ".join(f"{kind} {count}" for kind, count in sorted(outcome.faults.items())) or "none")
     )
+    # What a node did from its old state on waking from a long pause (chaos_excuses.py).
     print(f"excused     {len(outcome.excused)}")
-    print(f"violations  {len(outcome.violations)}")
     for violation in outcome.excused:
-        print(f"  excused: {violation}")
+        print(f"  {violation}")
+    print(f"violations  {len(outcome.violations)}")
     for violation in outcome.violations:
         print(f"  {violation}")
     if outcome.violations or keep_logs:
