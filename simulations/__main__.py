@@ -147,6 +147,10 @@ def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int
         "faults      "
         + (", ".join(f"{kind} {count}" for kind, count in sorted(outcome.faults.items())) or "none")
     )
+    print(
+        "refused     "
+        + (", ".join(f"{why} {count}" for why, count in sorted(outcome.refusals.items())) or "none")
+    )
     # What a node did from its old state on waking from a long pause (chaos_excuses.py).
     print(f"excused     {len(outcome.excused)}")
     for violation in outcome.excused:

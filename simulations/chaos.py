@@ -84,6 +84,9 @@ class ChaosOutcome:
     duration: float = 0.0
     operations: int = 0
     faults: Counter = field(default_factory=Counter)
+    # Locks refused, by error: timeouts are the workload's; others are answers to look at (a
+    # node that woke from a long pause answers from its old state for a moment).
+    refusals: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     excused: list[str] = field(default_factory=list)
 
@@ -330,6 +333,9 @@ class ChaosRun:
         merged.events = events
         self._write_trace(events)
         self.outcome.operations = self.clients.operations()
+        self.outcome.refusals = Counter(
+            e.detail.split(":")[0] for e in events if e.kind == "refused"
+        )
         self.outcome.violations, self.outcome.excused = judge(
             merged, CONFIG, EXPIRES_IN, list(NODE_IDS)
         )
