@@ -298,7 +298,12 @@ class ChaosRun:
             if self._elapsed() + lasting > self.duration:
                 break
             self.outcome.faults[kind] += 1
-            self._fault(kind, victim, lasting)
+            try:
+                self._fault(kind, victim, lasting)
+            except RuntimeError as error:  # a node that does not start again (its log says why)
+                why = str(error).splitlines()[0]
+                self.history.stuck(f"{victim} did not come back from {kind}: {why} (see its log)")
+                break
             healed = time.monotonic()
             if not self._wait_until(lambda: not self.cluster.not_whole(), RECOVERY_LIMIT):
                 why = ", ".join(self.cluster.not_whole())
