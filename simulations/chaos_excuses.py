@@ -17,12 +17,13 @@ each as narrowly as the history allows (every excused violation is still printed
    copy of it expired while frozen; on waking it tells the owners to release that peer's
    locks, and they do (the release quotes the lock's ticket). So a lock of such a peer held
    across the wake-up counts as released at the wake-up; its client is not told.
-3. The stand-in's tokens. A semaphore's owner that wakes and is not made to step down (the
-   others count it up again before it counts them down) owns the semaphore again, but its
-   stand-in hands back only what is in use: an idle semaphore's token count stays behind, and
-   the owner's tokens go on from its own count, below those the stand-in gave. A falling token
-   (`tokens_rise` reports the first) is excused after the wake-up of its semaphore's owner
-   (by the ring of all nodes) if the token it falls below was given during that pause.
+3. The stand-in's tokens. A semaphore's owner that wakes and is not made to step down (its
+   view counts the others down and, from their first gossip, up again, between two looks of
+   its semaphore service, `WATCH_INTERVAL`) owns the semaphore again, but its stand-in hands
+   back only what is in use: an idle semaphore's token count stays behind, and the owner's
+   tokens go on from its own count, below those the stand-in gave. A falling token
+   (`tokens_rise` reports the first) is excused after the wake-up of its semaphore's owner (by
+   the ring of all nodes) if the token it falls below was given during that pause.
 
 A lease lost (`no_lease_lost`) and "stuck" are never excused.
 """
