@@ -36,12 +36,16 @@ class MembershipActor:
         interval: float,
         rng: random.Random,
         clock: Callable[[], float] = trio.current_time,
+        on_member_down: Callable[[str], None] = lambda node_id: None,
     ) -> None:
+        """`on_member_down(node_id)` is called whenever a member is counted down (silent or
+        gone)."""
         self._membership = membership
         self._links = links
         self._interval = interval
         self._rng = rng
         self._clock = clock
+        self._on_member_down = on_member_down
         self._dialing: dict[str, tuple[str, trio.CancelScope]] = {}
         self._introducing: set[str] = set()
         self._nursery: trio.Nursery | None = None
@@ -171,6 +175,7 @@ class MembershipActor:
                 )
                 if event.left:
                     self._stop_dialing(event.node_id)
+                self._on_member_down(event.node_id)
         self.ring = Ring(self._membership.live_members())
 
     def _keep_linked(self, node_id: str, address: str) -> None:

@@ -101,14 +101,17 @@ class Rpc:
         message = slot.message
         if message is None:
             if slot.done.is_set():
-                raise Unavailable(f"the link to {node_id} broke before it answered")
+                raise Unavailable(f"{node_id} went down (or its link broke) before it answered")
             raise Unavailable(f"{node_id} did not answer within {timeout:g} s")
         if isinstance(message, Reply):
             return message.result
         raise _ERRORS[message.error](*message.args)
 
     def link_down(self, node_id: str) -> None:
-        """The link to `node_id` broke: its answers can no longer come, so stop waiting."""
+        """The link to `node_id` broke, or the node is counted down (a node that is frozen,
+        as by SIGSTOP, keeps its link open): its answers can no longer come, or come too late
+        to matter (its share is taken over), so stop waiting; the caller answers 503 and its
+        client asks again, by then of the new home."""
         for slot in self._waiting.values():
             if slot.node_id == node_id:
                 slot.done.set()

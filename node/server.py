@@ -193,7 +193,15 @@ async def join_cluster(
         cluster.join,
         down_after=cluster.down_after,
     )
-    membership_actor = MembershipActor(membership, links, interval=cluster.gossip_interval, rng=rng)
+    membership_actor = MembershipActor(
+        membership,
+        links,
+        interval=cluster.gossip_interval,
+        rng=rng,
+        # Calls forwarded to a member counted down fail at once: waiting out FORWARD_TIMEOUT
+        # on a frozen node would let its peers expire while another node serves them.
+        on_member_down=rpc.link_down,
+    )
     core = ShardCore(
         node_id,
         config.semaphores,

@@ -2,6 +2,8 @@
 python -m simulations run --seed 7 --trace         one seed again, with its history
 python -m simulations run --seeds-from simulations/regressions.txt
                                                    the seeds a file lists (one per line)
+python -m simulations chaos --duration 120         real node processes behind HAProxy, real
+                                                   client processes, kill -9, SIGSTOP/SIGCONT
 
 Runs under PYTHONHASHSEED=0 (it starts itself again with it if need be), so that a seed replays
 the same in any process: set iteration order depends on it.
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -20,6 +25,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from simulations.chaos import ChaosRun  # noqa: E402
 from simulations.planted import PLANTED  # noqa: E402
 from simulations.run import Outcome, quiet_node_logs, read_seeds, run_seed  # noqa: E402
 
@@ -42,7 +48,27 @@ def main() -> int:
     run.add_argument(
         "--plant", choices=sorted(PLANTED), help="run with this bug planted (checkers' teeth)"
     )
+    chaos = commands.add_parser(
+        "chaos",
+        help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
+        description=(
+            "Three node processes behind HAProxy on loopback, client processes locking through "
+            "it, and one fault at a time: SIGKILL and restart, SIGSTOP and SIGCONT (shorter and "
+            "longer than a peer's expiry). Then the simulation's checkers judge what the "
+            "clients saw. Real processes cannot replay a run exactly: the seed picks the faults "
+            "and the clients' choices, not the timing. Exit status 0 only without violations."
+        ),
+    )
+    chaos.add_argument("--duration", type=float, default=120.0, help="real seconds of workload")
+    chaos.add_argument(
+        "--seed", type=int, help="seeds the faults and the workload (default: random)"
+    )
+    chaos.add_argument(
+        "--keep-logs", action="store_true", help="keep the logs and history even without violations"
+    )
     args = parser.parse_args()
+    if args.command == "chaos":
+        return run_chaos_command(args.duration, args.seed, args.keep_logs)
     quiet_node_logs()
     if args.plant:
         if args.jobs > 1:
@@ -96,6 +122,51 @@ def main() -> int:
     if len(outcomes) == 1:
         print(f"trace hash  {outcomes[0].trace_hash}")
     return 1 if failures else 0
+
+
+def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int:
+    if seed is None:
+        seed = random.randrange(2**32)
+    print(f"chaos: seed {seed}, {duration:g} s", flush=True)
+    run = ChaosRun(duration, seed, progress=_progress_line)
+    # SIGTERM ends the run as Ctrl-C does: every process it started is killed on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        outcome = run.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; logs in {run.workdir}", file=sys.stderr)
+        return 130
+    except BaseException:
+        print(f"\nlogs        {run.workdir}", file=sys.stderr)
+        raise
+    print(file=sys.stderr)
+    print(f"duration    {outcome.duration:.0f} s")
+    rate = outcome.operations / max(outcome.duration, 1.0)
+    print(f"operations  {outcome.operations} ({rate:.0f} per second)")
+    print(
+        "faults      "
+        + (", ".join(f"{kind} {count}" for kind, count in sorted(outcome.faults.items())) or "none")
+    )
+    print(
+        "refused     "
+        + (", ".join(f"{why} {count}" for why, count in sorted(outcome.refusals.items())) or "none")
+    )
+    # What a node did from its old state on waking from a long pause (chaos_excuses.py).
+    print(f"excused     {len(outcome.excused)}")
+    for violation in outcome.excused:
+        print(f"  {violation}")
+    print(f"violations  {len(outcome.violations)}")
+    for violation in outcome.violations:
+        print(f"  {violation}")
+    if outcome.violations or keep_logs:
+        print(f"logs        {run.workdir}")
+    else:
+        shutil.rmtree(run.workdir, ignore_errors=True)
+    return 1 if outcome.violations else 0
+
+
+def _progress_line(line: str) -> None:
+    print(f"\r  {line}", end="", file=sys.stderr, flush=True)
 
 
 def _run_all(seeds: Sequence[int], jobs: int) -> Iterator[Outcome]:

@@ -1,0 +1,72 @@
+"""`python -m simulations chaos` end to end: real nodes behind HAProxy, client processes, SIGKILL
+and restarts, SIGSTOP and SIGCONT, for a minute; then no promise may be broken.
+
+The command runs in a session of its own, so that on a timeout here the whole process group
+(nodes, HAProxy, clients) is killed, not only the command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.process
+
+ROOT = Path(__file__).resolve().parent.parent
+DURATION = 60
+# Set-up, the last recovery, stopping and checking come on top of the duration.
+TIMEOUT = DURATION + 120
+
+
+def run_chaos(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "simulations", "chaos", *args]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=10)
+        pytest.fail(f"chaos did not end within {TIMEOUT} s:\n{stdout}\n{stderr[-3000:]}")
+    finally:
+        # Nothing it started may outlive it, whatever happened.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def summary_field(stdout: str, name: str) -> str:
+    match = re.search(rf"^{name} +(.*)$", stdout, re.MULTILINE)
+    assert match, f"no {name!r} line in:\n{stdout}"
+    return match.group(1)
+
+
+def test_a_minute_of_kills_and_pauses_breaks_no_promise():
+    result = run_chaos("--duration", str(DURATION))
+    report = f"{result.stdout}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, report
+    assert summary_field(result.stdout, "violations") == "0", report
+    faults = dict(
+        (kind, int(count))
+        for kind, count in (
+            part.split() for part in summary_field(result.stdout, "faults").split(", ")
+        )
+    )
+    assert set(faults) == {"kill", "pause", "long_pause"}, report
+    assert all(count >= 1 for count in faults.values()), report
+    operations = int(summary_field(result.stdout, "operations").split()[0])
+    assert operations >= 60, report
