@@ -112,6 +112,10 @@ class Membership:
             known.add(self.node_id)
         return known
 
+    def left_members(self) -> set[str]:
+        """The other members that said goodbye (and have not come back since)."""
+        return {node_id for node_id, e in self._others.items() if e.state.left}
+
     def state_of(self, node_id: str) -> MemberState | None:
         if node_id == self.node_id:
             return self._me

@@ -377,11 +377,13 @@ class ShardCore:
         epoch: int,
         cold: bool = False,
         majority: bool = True,
+        left: Iterable[str] = (),
     ) -> None:
         """The live members (id -> generation) changed. `epoch` (wall-clock ms now) lets
         fencing tokens of semaphores taken over continue above anything seen before; `cold`
         says nobody was serving before (the first ring of a cluster starting together);
-        `majority` says whether the live members are more than half of the members known."""
+        `majority` says whether the live members are more than half of the members known;
+        `left`, which departed members said goodbye (their replicas are complete)."""
         self._now = now
         if not majority:
             if self._ring is not None:
@@ -413,9 +415,10 @@ class ShardCore:
                     self._awaiting[source] = (None, now + self._pull_retry)
                     self._send(source, Pull(members[me]))
         else:
+            left = set(left)
             for source in sorted(gone):
                 awaited = self._awaiting.pop(source, None)
-                self._take_over(source, awaited[0] if awaited else old, now)
+                self._take_over(source, awaited[0] if awaited else old, now, source in left)
 
         for source, generation in sorted(self._deferred_pulls.items()):
             if members.get(source) == generation:
@@ -735,9 +738,11 @@ class ShardCore:
             return self.owned_semaphores()
         return [n for n in self.owned_semaphores() if old.owner(semaphore_key(n)) != me]
 
-    def _take_over(self, source: str, old: Ring | None, now: float) -> None:
+    def _take_over(self, source: str, old: Ring | None, now: float, left: bool = False) -> None:
         """`source` is gone (or never handed over): take what this node owns of its share from
-        its latest replica, with a grace period for its semaphores."""
+        its latest replica, with a grace period for its semaphores. Its peers are provisional
+        unless it `left` gracefully (it replicated everything, and stopped, before it said
+        goodbye)."""
         me = self.node_id
 
         def was_theirs(key: bytes) -> bool:
@@ -751,7 +756,8 @@ class ShardCore:
         # `_push_stranded` sends them on. Semaphores are rebuilt by their homes if need be.
         # Its node may have renewed a peer after the replica, until it stepped down, about when
         # this node saw it gone: a grace period's margin covers the difference.
-        loaded = self._peers.load(replica.peers, now, provisional_margin=self._takeover_grace)
+        margin = None if left else self._takeover_grace
+        loaded = self._peers.load(replica.peers, now, provisional_margin=margin)
         for peer_id in loaded:
             self._feed.peer_changed(peer_id)
         theirs = [n for n in self._config if was_theirs(semaphore_key(n))]

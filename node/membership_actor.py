@@ -78,6 +78,10 @@ class MembershipActor:
         stop serving: across a partition, the other side takes its share over."""
         return 2 * len(self.live_members()) > len(self._membership.known_members())
 
+    def left_members(self) -> set[str]:
+        """Members that left gracefully: they replicated everything before they said goodbye."""
+        return self._membership.left_members()
+
     def generations(self) -> dict[str, int]:
         """Each live member's generation: a new one means it restarted and lost its memory."""
         members = {}

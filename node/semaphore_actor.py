@@ -83,8 +83,11 @@ class _Delivered:
 
 
 class _MembersChanged:
-    def __init__(self, members: dict[str, int], epoch: int, cold: bool, majority: bool) -> None:
+    def __init__(
+        self, members: dict[str, int], epoch: int, cold: bool, majority: bool, left: set[str]
+    ) -> None:
         self.members = members
+        self.left = left
         self.epoch = epoch
         self.cold = cold
         self.majority = majority
@@ -169,10 +172,16 @@ class SemaphoreActor:
         await self._send.send(_Delivered(sender, message))
 
     async def members_changed(
-        self, members: dict[str, int], epoch: int, cold: bool, majority: bool
+        self,
+        members: dict[str, int],
+        epoch: int,
+        cold: bool,
+        majority: bool,
+        left: set[str] = frozenset(),
     ) -> None:
-        """The live members (id -> generation) changed (cluster only)."""
-        message = _MembersChanged(members, epoch, cold, majority)
+        """The live members (id -> generation) changed (cluster only); those in `left` said
+        goodbye."""
+        message = _MembersChanged(members, epoch, cold, majority, set(left))
         await self._send.send(message)
         await message.done.wait()
 
@@ -257,7 +266,7 @@ class SemaphoreActor:
             return
         if isinstance(message, _MembersChanged):
             self._core.change_members(
-                message.members, now, message.epoch, message.cold, message.majority
+                message.members, now, message.epoch, message.cold, message.majority, message.left
             )
             self._dispatch_events()
         elif isinstance(message, _Stats):

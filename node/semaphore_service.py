@@ -203,7 +203,9 @@ class ClusterSemaphores:
             members = self._membership.generations()
             majority = self._membership.in_majority()
             if (members, majority) != previous:
-                await self._actor.members_changed(members, self._epoch(), cold, majority)
+                await self._actor.members_changed(
+                    members, self._epoch(), cold, majority, self._membership.left_members()
+                )
                 if not majority:
                     log.warning(
                         "Members %s are no majority of the cluster: serving nothing until more "

@@ -423,3 +423,23 @@ def test_a_cluster_with_instant_delivery_answers_like_one_node(ops):
         assert got == want, op
         for name in CONFIG:
             assert net.acquired(name) == CONFIG[name].max - single.remainder(name)
+
+
+def test_peers_of_a_home_that_left_gracefully_are_not_provisional():
+    """A member that said goodbye replicated everything first: its successor serves its peers
+    at once, with no restore (a rolling restart goes unnoticed by clients)."""
+    net = ShardNetwork(CONFIG, NODES)
+    victim = net.owner("A").node_id
+    peer = net.new_peer(victim)
+    assert net.acquire(peer, "B") is True
+    net.send_replicas()
+    net.deliver_all()
+    net.kill(victim)
+    net.epoch += 1
+    for node_id, node in net.nodes.items():
+        node.change_members(dict(net.generations), net.now, net.epoch, left=[victim])
+        net.collect(node_id)
+    net.deliver_all()
+    home = net.home(peer)
+    assert home.is_acquired(peer)
+    assert net.acquired("B") == 1
