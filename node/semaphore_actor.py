@@ -128,6 +128,12 @@ class SemaphoreActor:
         self._blocking = True
         # The scope the actor sleeps in, while it sleeps (see `submit`).
         self._sleep: trio.CancelScope | None = None
+        # A cluster's watch (`watch`): when it last looked, and after how long without a look
+        # this node counts as frozen (as by SIGSTOP).
+        self._watched_at: float | None = None
+        self._frozen_after = math.inf
+        self._frozen = False
+        self.freezes = 0
 
     async def call(self, op: Operation) -> object:
         """Apply `op` and return its answer (once decided), raising its `SemaphoreError`."""
@@ -149,6 +155,7 @@ class SemaphoreActor:
         """Apply each operation now, in order; each callback gets its result or its
         `SemaphoreError`, now or (a parked acquire) later, from the actor's task."""
         now = trio.current_time()
+        self._step_down_if_frozen(now)
         sleep = self._sleep
         # While the actor sleeps, nothing is due before its wake-up.
         if sleep is None or now >= sleep.deadline:
@@ -230,12 +237,42 @@ class SemaphoreActor:
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
             now = trio.current_time()
+            self._step_down_if_frozen(now)
             self._expire(now)
             for message in batch:
                 self._handle(message, now)
             self._flush_outbox()
 
+    def watch(self, now: float, frozen_after: float) -> None:
+        """The cluster's watch looks in (every `WATCH_INTERVAL`): if it could not for
+        `frozen_after`, the whole process was frozen, and the other members may have taken this
+        node's share over meanwhile (the caller passes `down_after` less a gossip interval)."""
+        if self._watched_at is not None and now - self._watched_at > frozen_after:
+            self._frozen = True
+            if self._sleep is not None:
+                self._sleep.deadline = now  # step down before anything else
+        self._watched_at = now
+        self._frozen_after = frozen_after
+
     # -- internals ---------------------------------------------------------------------------
+
+    def _step_down_if_frozen(self, now: float) -> None:
+        """Before anything else on waking from a freeze (timers due, requests, messages that
+        waited), drop this node's share and serve nothing: acting on state the others took
+        over meanwhile would expire peers renewed elsewhere, grant from stale queues, and give
+        tokens below theirs. The watch sees the step-down (`freezes`) and rejoins, pulling."""
+        if self._watched_at is None:
+            return
+        if not self._frozen and now - self._watched_at <= self._frozen_after:
+            return
+        log.warning(
+            "Frozen for %.1f s: serving nothing until this node rejoins.", now - self._watched_at
+        )
+        self._frozen = False
+        self._watched_at = now
+        self.freezes += 1
+        self._core.change_members({}, now, 0, majority=False)
+        self._dispatch_events()
 
     def _next_wakeup(self) -> float:
         deadline = self._core.next_deadline()

@@ -17,6 +17,7 @@ members (every `REPLICATION_INTERVAL`, and once more when it stops; `cluster/rep
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -91,6 +92,7 @@ class ClusterSemaphores:
         *,
         settle: float,
         settled_ticks: int,
+        frozen_after: float = math.inf,
         clock: Callable[[], float] = trio.current_time,
         epoch: Callable[[], int] = epoch_now,
     ) -> None:
@@ -100,6 +102,7 @@ class ClusterSemaphores:
         self._links = links
         self._settle = settle
         self._settled_ticks = settled_ticks
+        self._frozen_after = frozen_after
         self._clock = clock
         self._epoch = epoch
         self._members_known = False
@@ -193,13 +196,25 @@ class ClusterSemaphores:
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._replicate)
+            nursery.start_soon(self._watch)
             await self._follow_members()
+
+    async def _watch(self) -> None:
+        """Tell the actor this process runs, so that it notices when it did not
+        (`SemaphoreActor.watch`); a task of its own, never held up by the actor."""
+        while True:
+            self._actor.watch(self._clock(), self._frozen_after)
+            await trio.sleep(WATCH_INTERVAL)
 
     async def _follow_members(self) -> None:
         await trio.sleep(self._settle)
         cold = not self._cluster_was_running()
         previous = None
+        freezes = self._actor.freezes
         while True:
+            if self._actor.freezes != freezes:
+                # The actor stepped down on waking from a freeze: rejoin, as after a partition.
+                freezes, previous = self._actor.freezes, None
             members = self._membership.generations()
             majority = self._membership.in_majority()
             if (members, majority) != previous:

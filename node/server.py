@@ -220,6 +220,8 @@ async def join_cluster(
         links,
         settle=cluster.down_after,
         settled_ticks=math.ceil(cluster.down_after / cluster.gossip_interval),
+        # Silent this long, a node may be counted down by the others: see `SemaphoreActor.watch`.
+        frozen_after=cluster.down_after - cluster.gossip_interval,
         epoch=epoch,
     )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))

@@ -80,3 +80,41 @@ def test_a_request_forwarded_to_a_frozen_home_is_answered_once_the_home_is_count
     # timeout, but about `down_after` after the freeze.
     assert status in (200, 503)
     assert waited < FORWARD_TIMEOUT / 2, f"waited {waited:.1f} s for a frozen node"
+
+
+def remainder(node: NodeProcess, semaphore: str) -> int | None:
+    try:
+        with urllib.request.urlopen(f"{node.url}/remainder?semaphore={semaphore}", timeout=5) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError:
+        return None  # 503: not serving (yet)
+
+
+def acquire(node: NodeProcess, peer: int, semaphore: str) -> bool:
+    request = urllib.request.Request(
+        f"{node.url}/peers/{peer}/{semaphore}",
+        data=b"1",
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status == 200  # 202: pending
+
+
+def test_a_node_that_wakes_from_a_freeze_steps_down_before_it_acts_and_rejoins(cluster):
+    """Chaos seeds 3 and 4: a node paused longer than `down_after` woke with its old state, and
+    expired peers renewed elsewhere meanwhile, granted from its old queues, and went on with
+    fencing tokens below its stand-in's. It must drop that state first, then pull it back."""
+    frozen = cluster["n2"]
+    others = [node for name, node in cluster.items() if name != "n2"]
+    holder = new_peer(others[0])
+    assert acquire(others[0], holder, "A") is True
+    frozen.signal(signal.SIGSTOP)
+    try:
+        time.sleep(3.0)  # the others count it down, and take its share over
+    finally:
+        frozen.signal(signal.SIGCONT)
+    wait_until(lambda: "Frozen for" in frozen.log(), 10, "the woken node steps down")
+    wait_until(lambda: is_ready(frozen.url), 15, "it rejoins")
+    # The holder kept A through it all (its peer lives at n1 or n3 and was never touched).
+    assert all(remainder(node, "A") == 0 for node in cluster.values())
