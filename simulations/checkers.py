@@ -100,8 +100,8 @@ def never_more_than_max(history: History, config: NodeConfig) -> list[str]:
 
 def no_lease_lost(history: History, expires_in: float) -> list[str]:
     """Every client heartbeats its leases, and one node fails at a time, so the majority can
-    always be reached: no lease may be lost, but by a client cut off from every node within an
-    expiry before."""
+    always be reached: no lease may be lost, but by a client cut off from every node, or during
+    an outage (every link between nodes clogged), within an expiry before."""
     cut_off: dict[str, list[tuple[float, float]]] = {}
     started: dict[str, float] = {}
     for event in history.events:
@@ -109,6 +109,10 @@ def no_lease_lost(history: History, expires_in: float) -> list[str]:
             started[event.who] = event.at
         elif event.kind == "healed" and event.detail == "client_cut":
             cut_off.setdefault(event.who, []).append((started.pop(event.who), event.at))
+        elif event.kind == "outage" and event.detail == "begins":
+            started["*"] = event.at
+        elif event.kind == "outage":
+            cut_off.setdefault("*", []).append((started.pop("*"), event.at))
     for client, since in started.items():
         cut_off.setdefault(client, []).append((since, float("inf")))
 
@@ -116,7 +120,7 @@ def no_lease_lost(history: History, expires_in: float) -> list[str]:
         client = event.who.split(".")[0]
         return any(
             start <= event.at and end >= event.at - expires_in
-            for start, end in cut_off.get(client, ())
+            for start, end in cut_off.get(client, []) + cut_off.get("*", [])
         )
 
     return [

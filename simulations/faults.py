@@ -9,7 +9,8 @@ whole again (every node serving, every node agreeing on the members) before the 
 * `client_cut`: a client cut off from every node.
 * `delay`: everything to and from a node takes 50 to 500 ms.
 * `clog`: two or three of the links between nodes stall (bytes wait, connections stay up), then
-  are released one by one.
+  are released one by one. With all three stalled no two nodes can talk: an outage (no majority
+  anywhere) until the first is released.
 * `pause`: a node's traffic, in and out, waits longer than a peer's expiry, then flows again in
   order: to the others and to its clients the node has stopped, as under SIGSTOP. (Its own
   timers run meanwhile, so it notices the silence as a cut-off node does; the moment after a
@@ -175,11 +176,16 @@ class Injector:
         for a, b in links:
             self.network.hold(a, b)
         self.history.note("clogged " + ", ".join(f"{a}-{b}" for a, b in links))
+        everyone = len(links) == len(self.cluster.ids)
+        if everyone:  # no two nodes can talk: no majority anywhere, until a link is released
+            self.history.outage(True)
         await self._wait(lasting)
         self.rng.shuffle(links)
         for a, b in links:
             self.network.release(a, b)
             self.history.note(f"released {a}-{b}")
+            if everyone and (a, b) == links[0]:
+                self.history.outage(False)
             if (a, b) != links[-1]:
                 await self._wait(self.rng.uniform(0.2, 1.5))
 

@@ -17,7 +17,8 @@ class Event:
     # Locks: "asked", "granted", "released", "refused". The protected resource: "write" (sent),
     # "applied", "rejected". Rate limits: "rate" (an answer; the sends are `History.rate`).
     # Faults: "fault", "healed", "whole" (every node serves again and agrees on the members);
-    # "down" and "up": a node's life ended (crashed, left, or a task of it raised) or began.
+    # "down" and "up": a node's life ended (crashed, left, or a task of it raised) or began;
+    # "outage": no majority anywhere ("begins"), or again ("ends").
     # Broken promises the run itself finds: "stuck" (liveness), "failure" (a task raised).
     # And "note".
     kind: str
@@ -90,6 +91,10 @@ class History:
 
     def up(self, node_id: str) -> None:
         self._add(Event(trio.current_time(), "up", node_id))
+
+    def outage(self, begins: bool) -> None:
+        """No majority of the nodes can talk to each other (from now on, or no longer)."""
+        self._add(Event(trio.current_time(), "outage", "-", detail="begins" if begins else "ends"))
 
     def whole(self) -> None:
         self._add(Event(trio.current_time(), "whole", "-"))

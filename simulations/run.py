@@ -268,6 +268,8 @@ async def _simulate(seed: int) -> Outcome:
         history.note("clients gone")
         if cluster.whole():
             await _settles(cluster, network, history, rng.getrandbits(64))
+        elif not any(event.kind == "stuck" for event in history.events):
+            history.stuck(f"the cluster is not whole when the clients leave: {cluster.views()}")
         nursery.cancel_scope.cancel()
     violations = check_history(history, CONFIG, EXPIRES_IN)
     trace = history.lines()

@@ -1,10 +1,11 @@
 """What the simulated clients do, and how their requests are seen on the wire.
 
 Each client (`sluicegate.client.Client`, over the simulated network) runs
-* `LOCKERS` locker tasks: each takes a lock of A (max 1) or B (max 3, count 1 or 2), sometimes A
-  nested inside B (levels: B is 1, A is 0), holds it a while (one time in ten beyond a peer's
-  expiry, so only heartbeats keep it) and lets go; holders of A write to the `FencedResource`
-  with their fencing token;
+* `LOCKERS` locker tasks: each takes a lock of A (max 1) or B (max 3, count 1 or 2), waiting
+  for it up to `LOCK_TIMEOUT` or (one time in `TRY_ONCE_ONE_IN`) not at all, sometimes A nested
+  inside B (levels: B is 1, A is 0), holds it a while (one time in ten beyond a peer's expiry,
+  so only heartbeats keep it) and lets go; holders of A write to the `FencedResource` with
+  their fencing token;
 * one rate task: `check`s of a limiter in exact mode and of one in gossip mode, and `wait`s
   (`rate_limited`) on the exact one.
 
@@ -31,6 +32,8 @@ from .network import SimNetwork
 LOCKERS = 2
 EXPIRES_IN = 5.0
 LOCK_TIMEOUT = 10.0
+# One outermost lock in this many is asked for without waiting (granted now, or refused).
+TRY_ONCE_ONE_IN = 6
 # A lock body lasts up to `SHORT_HOLD` seconds, or, one time in `LONG_HOLD_ONE_IN`, longer than
 # a peer's expiry: heartbeats alone keep it.
 SHORT_HOLD = 0.5
@@ -210,7 +213,10 @@ async def _locker(
         while True:
             semaphore, count = rng.choice([("A", 1), ("B", 1), ("B", 2)])
             nested = semaphore == "B" and rng.randrange(NESTED_ONE_IN) == 0
-            await _hold(name, client, history, resource, rng, writes, semaphore, count, nested)
+            timeout = 0.0 if rng.randrange(TRY_ONCE_ONE_IN) == 0 else LOCK_TIMEOUT
+            await _hold(
+                name, client, history, resource, rng, writes, semaphore, count, nested, timeout
+            )
             await trio.sleep(rng.uniform(0, 0.2))
 
 
@@ -224,12 +230,13 @@ async def _hold(
     semaphore: str,
     count: int,
     nested: bool,
+    timeout: float = LOCK_TIMEOUT,
 ) -> None:
-    """Take the lock, hold it a while (writing to the resource if it is A, taking A inside if
-    `nested`), let go; every outcome goes to the history."""
+    """Take the lock (waiting at most `timeout`), hold it a while (writing to the resource if
+    it is A, taking A inside if `nested`), let go; every outcome goes to the history."""
     history.asked(name, semaphore, count)
     try:
-        async with client.lock(semaphore, count=count, timeout=LOCK_TIMEOUT) as lease:
+        async with client.lock(semaphore, count=count, timeout=timeout) as lease:
             history.granted(name, semaphore, count, lease.fencing_token, lease.peer_id)
             try:
                 if semaphore == "A":
