@@ -2,6 +2,8 @@
 python -m simulations run --seed 7 --trace         one seed again, with its history
 python -m simulations run --seeds-from simulations/regressions.txt
                                                    the seeds a file lists (one per line)
+python -m simulations run --seed 7 --trace --logs  ... with the nodes' logs and the messages
+                                                   each node received on its links
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 
@@ -27,7 +29,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simulations.chaos import ChaosRun  # noqa: E402
 from simulations.planted import PLANTED  # noqa: E402
-from simulations.run import Outcome, quiet_node_logs, read_seeds, run_seed  # noqa: E402
+from simulations.run import (  # noqa: E402
+    Outcome,
+    log_nodes,
+    quiet_node_logs,
+    read_seeds,
+    run_seed,
+)
 
 
 def main() -> int:
@@ -45,6 +53,11 @@ def main() -> int:
     run.add_argument("--trace", action="store_true", help="print the history of each run")
     run.add_argument("--hashes", action="store_true", help="print each seed's trace hash")
     run.add_argument("--until-caught", action="store_true", help="stop at the first violation")
+    run.add_argument(
+        "--logs",
+        action="store_true",
+        help="with --trace: the nodes' logs and link messages, in the trace (one process)",
+    )
     run.add_argument(
         "--plant", choices=sorted(PLANTED), help="run with this bug planted (checkers' teeth)"
     )
@@ -70,6 +83,10 @@ def main() -> int:
     if args.command == "chaos":
         return run_chaos_command(args.duration, args.seed, args.keep_logs)
     quiet_node_logs()
+    if args.logs:
+        if args.jobs > 1:
+            parser.error("--logs runs in this process only: --jobs 1")
+        log_nodes()
     if args.plant:
         if args.jobs > 1:
             parser.error("--plant runs in this process only: --jobs 1")
@@ -83,10 +100,14 @@ def main() -> int:
         seeds = range(args.first, args.first + args.seeds)
     outcomes: list[Outcome] = []
     faults: Counter = Counter()
+    figures: Counter = Counter()
+    checkers: Counter = Counter()
     started = time.monotonic()
     for number, outcome in enumerate(_run_all(seeds, args.jobs), 1):
         outcomes.append(outcome)
         faults.update(outcome.faults)
+        figures.update(outcome.figures)
+        checkers.update(v.split("]", 1)[0].lstrip("[") for v in outcome.violations)
         if args.trace:
             print("\n".join(outcome.trace))
         failed = sum(1 for o in outcomes if o.violations)
@@ -113,7 +134,11 @@ def main() -> int:
         "faults      "
         + (", ".join(f"{kind} {count}" for kind, count in sorted(faults.items())) or "none")
     )
+    print("figures     " + ", ".join(f"{name} {count}" for name, count in sorted(figures.items())))
     print(f"violations  {sum(len(o.violations) for o in failures)} in {len(failures)} runs")
+    if checkers:
+        tally = ", ".join(f"{name} {count}" for name, count in sorted(checkers.items()))
+        print(f"by checker  {tally}")
     for outcome in failures:
         print(f"\nseed {outcome.seed} (trace {outcome.trace_hash}):")
         for violation in outcome.violations[:5]:

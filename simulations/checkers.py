@@ -1,24 +1,79 @@
 """Invariant checkers: each reads the history the clients recorded and names what went wrong.
 
+Each violation reads `[checker] time: what`, so that a sweep can count them by checker:
+`max`, `lease`, `tokens`, `fencing`, `fifo`, `rate-exact`, `rate-gossip`, `liveness`,
+`exception`.
+
 Client-observed holds are inside the real ones (a grant is seen after the owner made it, and a
 release is sent after the client stopped using the lock), so any overlap seen here happened at
-the owner too.
+the owner too. A rate-limit decision was made between its request's sending and its answer's
+arrival (both seen on the wire: simulations/workload.py's `Tap`), in virtual time, which is also
+the nodes' clock.
+
+Some promises can only be judged where the order of events at a node is certain: in *quiet*
+times, from `QUIET_AFTER` seconds after the cluster was whole again (every node serving and
+agreeing on the members) until the next fault. Messages take no virtual time then, so requests
+reach their owners in the order they were made.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from sluicegate.node.config import NodeConfig
 
-from .history import History
+from .history import Event, History
+
+# After the cluster is whole again, clients may still be backing off (at most 1 s) or moving on
+# from a node that answered unavailable (after 1 s); quiet starts once they cannot be.
+QUIET_AFTER = 2.0
+# Two requests asked this far apart (virtual seconds) reached their owner in that order.
+APART = 1e-3
+# How late gossip may arrive beyond its interval in quiet times (scheduling in one instant).
+GOSSIP_SLACK = 0.01
 
 
 def check_history(history: History, config: NodeConfig, expires_in: float) -> list[str]:
+    quiet = quiet_times(history.events)
     return [
         *never_more_than_max(history, config),
         *no_lease_lost(history, expires_in),
         *tokens_rise(history),
-        *[f"{e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
+        *fenced_writes(history),
+        *fifo(history, quiet),
+        *rate_limits(history, config, quiet),
+        *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
+        *[
+            f"[exception] {e.at:.4f}: a task of {e.who} raised {e.detail}"
+            for e in history.events
+            if e.kind == "failure"
+        ],
     ]
+
+
+def quiet_times(events: list[Event]) -> list[tuple[float, float]]:
+    """The intervals without faults, from `QUIET_AFTER` after the cluster was whole until the
+    next fault (or the end of the workload)."""
+    intervals = []
+    since = None
+    for event in events:
+        if event.kind == "whole":
+            since = event.at + QUIET_AFTER
+        elif event.kind == "fault" or (event.kind == "note" and event.detail == "clients gone"):
+            if since is not None and event.at > since:
+                intervals.append((since, event.at))
+            since = None
+    if since is not None:
+        intervals.append((since, math.inf))
+    return intervals
+
+
+def _within(quiet: list[tuple[float, float]], start: float, end: float) -> bool:
+    return any(since <= start and end <= until for since, until in quiet)
 
 
 def never_more_than_max(history: History, config: NodeConfig) -> list[str]:
@@ -37,7 +92,7 @@ def never_more_than_max(history: History, config: NodeConfig) -> list[str]:
         maximum = config.semaphores[name].max
         if held[name] > maximum:
             violations.append(
-                f"{event.at:.4f}: {name} held {held[name]} > max {maximum} "
+                f"[max] {event.at:.4f}: {name} held {held[name]} > max {maximum} "
                 f"(granted {event.count} to {event.who})"
             )
     return violations
@@ -45,8 +100,8 @@ def never_more_than_max(history: History, config: NodeConfig) -> list[str]:
 
 def no_lease_lost(history: History, expires_in: float) -> list[str]:
     """Every client heartbeats its leases, and one node fails at a time, so the majority can
-    always be reached: no lease may be lost, but by a client cut off from every node within an
-    expiry before."""
+    always be reached: no lease may be lost, but by a client cut off from every node, or during
+    an outage (every link between nodes clogged), within an expiry before."""
     cut_off: dict[str, list[tuple[float, float]]] = {}
     started: dict[str, float] = {}
     for event in history.events:
@@ -54,6 +109,10 @@ def no_lease_lost(history: History, expires_in: float) -> list[str]:
             started[event.who] = event.at
         elif event.kind == "healed" and event.detail == "client_cut":
             cut_off.setdefault(event.who, []).append((started.pop(event.who), event.at))
+        elif event.kind == "outage" and event.detail == "begins":
+            started["*"] = event.at
+        elif event.kind == "outage":
+            cut_off.setdefault("*", []).append((started.pop("*"), event.at))
     for client, since in started.items():
         cut_off.setdefault(client, []).append((since, float("inf")))
 
@@ -61,11 +120,11 @@ def no_lease_lost(history: History, expires_in: float) -> list[str]:
         client = event.who.split(".")[0]
         return any(
             start <= event.at and end >= event.at - expires_in
-            for start, end in cut_off.get(client, ())
+            for start, end in cut_off.get(client, []) + cut_off.get("*", [])
         )
 
     return [
-        f"{e.at:.4f}: {e.who} lost its lease on {e.semaphore}"
+        f"[lease] {e.at:.4f}: {e.who} lost its lease on {e.semaphore}"
         for e in history.events
         if e.kind == "released" and e.detail == "lost" and not excused(e)
     ]
@@ -84,8 +143,296 @@ def tokens_rise(history: History) -> list[str]:
         previous = last.get(event.semaphore)
         if previous is not None and event.token <= previous[0]:
             violations.append(
-                f"{event.at:.4f}: token {event.token} on {event.semaphore} to {event.who} "
-                f"after {previous[0]} to {previous[1]}"
+                f"[tokens] {event.at:.4f}: token {event.token} on {event.semaphore} to "
+                f"{event.who} after {previous[0]} to {previous[1]}"
             )
         last[event.semaphore] = (event.token, event.who)
     return violations
+
+
+@dataclass
+class _Hold:
+    who: str
+    token: int
+    granted: float
+    released: float
+
+
+def fenced_writes(history: History) -> list[str]:
+    """The protected resource (A's holders write to it with their token, some writes arriving
+    late) applies a write only if its token is at least the highest applied, so:
+
+    * the tokens it applied never go down, in the order they arrived;
+    * a stale write is never applied: one of a holder whose hold ended before another holder
+      was granted A, arriving after that later holder's write was applied;
+    * no write of the current holder is rejected for a token of an earlier holder (one whose
+      hold ended before this one was granted): fencing that refuses the rightful holder.
+
+    The last two need tokens that rise in the order A is granted, across failovers, which is
+    what the node promises; the checker judges that end to end, through the resource."""
+    holds: dict[tuple[str, int], _Hold] = {}
+    open_holds: dict[str, _Hold] = {}
+    for event in history.events:
+        if event.semaphore != "A":
+            continue
+        if event.kind == "granted" and event.token is not None:
+            hold = _Hold(event.who, event.token, event.at, math.inf)
+            open_holds[event.who] = hold
+            holds[event.who, event.token] = hold
+        elif event.kind == "released" and event.who in open_holds:
+            open_holds.pop(event.who).released = event.at
+    violations = []
+    highest: tuple[int, str] | None = None  # the highest token applied, and its writer
+    for event in history.events:
+        if event.kind not in ("applied", "rejected"):
+            continue
+        mine = holds.get((event.who, event.token))
+        if highest is not None and mine is not None:
+            theirs = holds.get((highest[1], highest[0]))
+            if theirs is not None and theirs is not mine:
+                if event.kind == "applied" and theirs.granted > mine.released:
+                    violations.append(
+                        f"[fencing] {event.at:.4f}: a stale write of {event.who} (token "
+                        f"{event.token}, held until {mine.released:.4f}) applied after one of "
+                        f"{theirs.who} (token {theirs.token}, granted {theirs.granted:.4f})"
+                    )
+                if event.kind == "rejected" and theirs.released < mine.granted:
+                    violations.append(
+                        f"[fencing] {event.at:.4f}: a write of {event.who} (token "
+                        f"{event.token}, granted {mine.granted:.4f}) rejected for token "
+                        f"{theirs.token} of {theirs.who}, whose hold ended at "
+                        f"{theirs.released:.4f}"
+                    )
+        if event.kind == "applied":
+            if highest is not None and event.token < highest[0]:
+                violations.append(
+                    f"[fencing] {event.at:.4f}: token {event.token} applied after {highest[0]}"
+                )
+            highest = (event.token, event.who)
+    return violations
+
+
+@dataclass
+class _Request:
+    who: str
+    semaphore: str
+    count: int
+    asked: float
+    end: float = math.inf  # granted, refused, or the workload's end
+    granted: bool = False
+
+
+def fifo(history: History, quiet: list[tuple[float, float]]) -> list[str]:
+    """Waiters are served strictly in arrival order per semaphore, so a large count is never
+    starved by small ones: a lock asked for after another (on the same semaphore) must not be
+    granted while that other still waits. Judged where the arrival order at the owner is
+    certain: both asked in a quiet time, `APART` apart, and the later one granted in it too."""
+    requests: list[_Request] = []
+    asking: dict[tuple[str, str], _Request] = {}
+    for event in history.events:
+        key = (event.who, event.semaphore)
+        if event.kind == "asked":
+            asking[key] = _Request(event.who, event.semaphore, event.count, event.at)
+            requests.append(asking[key])
+        elif event.kind in ("granted", "refused") and key in asking:
+            request = asking.pop(key)
+            request.end, request.granted = event.at, event.kind == "granted"
+    by_semaphore: dict[str, list[_Request]] = defaultdict(list)
+    for request in requests:
+        by_semaphore[request.semaphore].append(request)
+    violations = []
+    for semaphore, asked in by_semaphore.items():
+        for later in asked:
+            if not later.granted:
+                continue
+            for earlier in asked:
+                if earlier.asked >= later.asked - APART:
+                    break  # in order of asking
+                if (
+                    earlier.end > later.end + APART
+                    and earlier.who != later.who
+                    and _within(quiet, earlier.asked, later.end)
+                ):
+                    violations.append(
+                        f"[fifo] {later.end:.4f}: {semaphore} {later.count} granted to "
+                        f"{later.who} (asked {later.asked:.4f}) before {earlier.count} to "
+                        f"{earlier.who}, waiting since {earlier.asked:.4f}"
+                    )
+    return violations
+
+
+def rate_limits(
+    history: History, config: NodeConfig, quiet: list[tuple[float, float]]
+) -> list[str]:
+    """Fixed-window limiters (limit L per aligned window of W seconds; every node agrees on
+    the windows). Goes are counted per window when their decision certainly fell in it.
+
+    Exact mode: at most L goes per window and key, but for what docs/rate_limits.md allows: an
+    owner that crashes (or leaves) may have admitted, in its last `rate_gossip_interval` g,
+    goes its successor's replica misses, which the successor admits again. So a window in which
+    a node's life ended may hold L plus every go that may have been decided in the g (and a
+    little) before it ended.
+
+    Gossip mode, against docs/rate_limits.md's bound C + rho x t + (N - 1) x (C + rho x (g + d))
+    (C = L, and within an aligned window nothing refills, so rho x t drops out):
+    * always: at most L goes per window for every node life that ran in it (the (N - 1) x C
+      worst case: each life counts its own goes at once, so it alone admits at most L);
+    * in quiet times (d = 0): a node admits only while its own goes in the window, and the
+      other nodes' goes decided more than g (plus `GOSSIP_SLACK`) before, leave room (each
+      node applies a gossiped go when it arrives, within g + d of its decision);
+    * and gossip never counts a go twice or invents one: a node's count is at most the goes
+      that may have been decided, so a sorry is wrong when those goes, plus its own n, fit
+      within L.
+    """
+    violations = []
+    limiters = config.rate_limits
+    g = config.cluster.rate_gossip_interval
+    departures = [e.at for e in history.events if e.kind == "down"]
+    lives = _node_lives(history.events)
+    sends = history.rate
+    for (limiter, key), mine in _group(sends).items():
+        settings = limiters[limiter]
+        limit, window = settings.limit, settings.window
+        certain = _certain_goes(mine, window)
+        if settings.mode == "exact":
+            for index, goes in sorted(certain.items()):
+                start = index * window
+                allowed = limit + sum(
+                    _possible_goes(mine, at - g - GOSSIP_SLACK, at)
+                    for at in departures
+                    if start - g <= at < start + window
+                )
+                total = sum(go.n for go in goes)
+                if total > allowed:
+                    violations.append(
+                        f"[rate-exact] {start + window:.4f}: {limiter} {key!r} admitted "
+                        f"{total} > {allowed} in the window from {start:g} s"
+                    )
+            continue
+        for index, goes in sorted(certain.items()):
+            start = index * window
+            running = lives(start, start + window)
+            total = sum(go.n for go in goes)
+            if total > limit * running:
+                violations.append(
+                    f"[rate-gossip] {start + window:.4f}: {limiter} {key!r} admitted {total} > "
+                    f"{limit} x {running} node lives in the window from {start:g} s"
+                )
+            violations += _gossip_known(goes, limiter, key, limit, g, quiet)
+        violations += _wrong_sorries(mine, limiter, key, limit, window)
+    return violations
+
+
+@dataclass(frozen=True)
+class _Go:
+    node: str
+    n: int
+    sent: float
+    answered: float
+    request: int  # which request (of the window's) it answered
+    order: int  # position in its request's answer (a check asked `times` times)
+
+
+def _group(sends) -> dict[tuple[str, str], list]:
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for send in sends:
+        groups[send.limiter, send.key].append(send)
+    return groups
+
+
+def _certain_goes(sends, window: float) -> dict[int, list[_Go]]:
+    """Goes by window, for those whose request was sent and answered within one window."""
+    windows: dict[int, list[_Go]] = defaultdict(list)
+    for send in sends:
+        if not send.goes or send.answered is None:
+            continue
+        index = math.floor(send.sent / window)
+        if math.floor(send.answered / window) != index:
+            continue
+        for order, go in enumerate(send.goes):
+            if go:
+                windows[index].append(
+                    _Go(send.node, send.n, send.sent, send.answered, id(send), order)
+                )
+    return windows
+
+
+def _possible_goes(sends, start: float, end: float) -> int:
+    """The most that may have been admitted between `start` and `end`: goes that may have
+    been decided then, and requests never answered (decided at any time after sending)."""
+    total = 0
+    for send in sends:
+        if send.sent > end:  # (one sent at `end` itself may have been decided by then)
+            continue
+        if send.answered is None:
+            total += send.n * send.times
+        elif send.goes and send.answered >= start:
+            total += send.n * sum(send.goes)
+    return total
+
+
+def _gossip_known(
+    goes: list[_Go],
+    limiter: str,
+    key: str,
+    limit: int,
+    g: float,
+    quiet: list[tuple[float, float]],
+) -> Iterable[str]:
+    for go in goes:
+        if not _within(quiet, go.sent - g - GOSSIP_SLACK, go.answered):
+            continue
+        # Its own earlier goes (answered before this was asked, or earlier in the same
+        # answer), and the others' that gossip has certainly brought it.
+        known = sum(
+            other.n
+            for other in goes
+            if (other.node == go.node and other.answered < go.sent)
+            or (other.node != go.node and other.answered < go.sent - g - GOSSIP_SLACK)
+            or (other.request == go.request and other.order < go.order)
+        )
+        if known + go.n > limit:
+            yield (
+                f"[rate-gossip] {go.answered:.4f}: {go.node} admitted {go.n} of {limiter} "
+                f"{key!r} though it knew of {known} of {limit} in the window"
+            )
+
+
+def _wrong_sorries(sends, limiter: str, key: str, limit: int, window: float) -> Iterable[str]:
+    answered = sorted((s for s in sends if s.answered is not None), key=lambda s: s.sent)
+    sent_at = [s.sent for s in answered]
+    unanswered = [s for s in sends if s.answered is None]
+    # No request took longer than this to be answered: older ones cannot reach into a window.
+    longest = max((s.answered - s.sent for s in answered), default=0.0)
+    for send in answered:
+        if not send.goes or send.op != "check" or all(send.goes):
+            continue
+        index = math.floor(send.sent / window)
+        if math.floor(send.answered / window) != index:
+            continue
+        start = index * window
+        nearby = answered[
+            bisect.bisect_left(sent_at, start - longest) : bisect.bisect_right(
+                sent_at, send.answered
+            )
+        ]
+        could_have_gone = _possible_goes(
+            [s for s in nearby if s is not send] + unanswered, start, send.answered
+        ) + send.n * sum(send.goes)
+        if could_have_gone + send.n <= limit:
+            yield (
+                f"[rate-gossip] {send.answered:.4f}: {send.node} said sorry to {send.n} of "
+                f"{limiter} {key!r} though at most {could_have_gone} of {limit} had gone in "
+                f"the window from {start:g} s"
+            )
+
+
+def _node_lives(events: list[Event]):
+    """How many node lives ran at some moment in [start, end)."""
+    ups = [e.at for e in events if e.kind == "up"]
+    downs = [e.at for e in events if e.kind == "down"]
+
+    def lives(start: float, end: float) -> int:
+        return sum(1 for at in ups if at < end) - sum(1 for at in downs if at < start)
+
+    return lives

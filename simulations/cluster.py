@@ -4,21 +4,46 @@ and `/cluster` routes), over the simulated network, under the virtual clock.
 What differs from a node process is only what the seams inject: links are dialled over
 `SimNetwork`, randomness comes from the run's seed, a life's generation and the fencing epoch
 count virtual time. There is no HTTP (clients speak `/ws`). A crash drops the node's object and
-severs its connections; a restart is a new object with empty memory, as a process would be.
+severs its connections; a restart is a new object with empty memory, as a process would be. A
+graceful leave does what SIGTERM does (`node/server.py`): stream the last changes, say goodbye,
+stop.
+
+A node task that raises is not the end of the run: the node is down from then on, as a process
+that died of it would be, and `on_failure` hears of it (a violation of its own).
+
+While the network duplicates (`SimNetwork.duplicating`), a node link sends the messages between
+homes and owners, and rate-limit gossip, twice: `cluster/shard.py` and `cluster/rate_limits.py`
+say repeated messages settle (the wire under them is TCP, which does not repeat itself, but a
+link that resent what it was unsure of would).
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import traceback
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 
 import trio
 from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
 
-from sluicegate.cluster.rate_limits import RateLimits
+from sluicegate.cluster.membership import Gossip
+from sluicegate.cluster.rate_limits import RateEvents, RateLimits
+from sluicegate.cluster.replication import ReplicaDelta
 from sluicegate.cluster.semaphores import SemaphoreCore
+from sluicegate.cluster.shard import (
+    Audit,
+    LockAnswer,
+    LockRefused,
+    LockRelease,
+    LockRequest,
+    LockRestore,
+)
 from sluicegate.node.app import NodeApp
 from sluicegate.node.config import NodeConfig
+from sluicegate.node.link_codec import LINK_CODEC
 from sluicegate.node.links import HANDSHAKE_TIMEOUT
 from sluicegate.node.node_metrics import NodeMetrics
 from sluicegate.node.rate_limit_service import RateLimitService
@@ -29,8 +54,17 @@ from sluicegate.node.wire import MAX_FRAME
 
 from .network import SimNetwork
 
+log = logging.getLogger("sluicegate.simulated_link")
+# The node whose task runs now (tasks inherit it from the node's `run`): for logs that say which
+# node speaks (`python -m simulations run --seed N --logs`).
+NODE: ContextVar[str] = ContextVar("simulated_node", default="-")
 SECRET = "simulated-cluster"
+# Latency of a stopping node's links (see `SimNode.leave`).
+STOPPING_LATENCY = 0.001
 PORT = 8000
+# What a duplicating network delivers twice on node links: messages whose receivers promise that
+# a repeat changes nothing.
+REPEATABLE = (LockRequest, LockRestore, LockRelease, LockAnswer, LockRefused, Audit, RateEvents)
 
 
 def virtual_epoch() -> int:
@@ -50,6 +84,7 @@ class SimNode:
         rng: random.Random,
         generation: int,
         join: tuple[str, ...],
+        on_failure: Callable[[str, str], None],
     ) -> None:
         self.node_id = node_id
         self.address = f"{node_id}:{PORT}"
@@ -66,43 +101,82 @@ class SimNode:
         self.semaphores = None
         self.rate_limits: RateLimitService | None = None
         self.crashed = False
+        self.left = False
+        self._on_failure = on_failure
+        self._actor: SemaphoreActor | None = None
+        self._shard_actor: SemaphoreActor | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until crashed; `task_status.started()` once it listens and has joined."""
-        with trio.CancelScope() as self._scope:
-            rng = self._rng
-            actor = SemaphoreActor(
-                SemaphoreCore(self.config.semaphores, epoch=virtual_epoch()), rng=rng
+        """Run until crashed or stopped; `task_status.started()` once it listens and has joined."""
+        NODE.set(self.node_id)
+        try:
+            with trio.CancelScope() as self._scope:
+                await self._run(task_status)
+        except Exception as error:  # noqa: BLE001 (a node task that raised: the run goes on)
+            self.crashed = True
+            self._network.crash(self.node_id)
+            self._on_failure(self.node_id, describe(error))
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        rng = self._rng
+        self._actor = actor = SemaphoreActor(
+            SemaphoreCore(self.config.semaphores, epoch=virtual_epoch()), rng=rng
+        )
+        self.rate_limits = RateLimitService(
+            RateLimits(self.config.rate_limits, self.node_id, rng),
+            gossip_interval=self.config.cluster.rate_gossip_interval,
+            clock=trio.current_time,
+        )
+        self.app = NodeApp(LocalSemaphores(actor), self.rate_limits, node_id=self.node_id)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.run)
+            await nursery.start(self.rate_limits.run)
+            self._network.listen(
+                self.node_id,
+                self.address,
+                lambda stream: nursery.start_soon(self._serve_connection, stream),
             )
-            self.rate_limits = RateLimitService(
-                RateLimits(self.config.rate_limits, self.node_id, rng),
-                gossip_interval=self.config.cluster.rate_gossip_interval,
-                clock=trio.current_time,
-            )
-            self.app = NodeApp(LocalSemaphores(actor), self.rate_limits, node_id=self.node_id)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(actor.run)
-                await nursery.start(self.rate_limits.run)
-                self._network.listen(
-                    self.node_id,
+            self.membership, self.semaphores, self._shard_actor = await nursery.start(
+                lambda task_status: join_cluster(
+                    self.app,
+                    self.rate_limits,
+                    NodeMetrics(),
+                    self.config,
                     self.address,
-                    lambda stream: nursery.start_soon(self._serve_connection, stream),
+                    dialer=self._dial,
+                    rng=rng,
+                    generation=self.generation,
+                    epoch=virtual_epoch,
+                    task_status=task_status,
                 )
-                self.membership, self.semaphores, _ = await nursery.start(
-                    lambda task_status: join_cluster(
-                        self.app,
-                        self.rate_limits,
-                        NodeMetrics(),
-                        self.config,
-                        self.address,
-                        dialer=self._dial,
-                        rng=rng,
-                        generation=self.generation,
-                        epoch=virtual_epoch,
-                        task_status=task_status,
-                    )
-                )
-                task_status.started()
+            )
+            task_status.started()
+
+    async def leave(self) -> None:
+        """Stop as SIGTERM stops a node: the last changes streamed, a goodbye, then gone.
+
+        A node that stops blocking answers a waiting acquire "not yet" at once, and the client
+        asks again at once (`Client._acquire`), round after round, through whichever node it
+        talks to, until the node is gone: for a fraction of a second in a real cluster, but
+        without end under a virtual clock that moves only when every task waits. So its clients
+        are let go first, as a load balancer drains a node before stopping it, and the other
+        nodes' requests take a millisecond to reach it while it stops."""
+        if self.crashed or self._shard_actor is None:
+            return
+        nodes = {address.split(":")[0] for address in self.config.cluster.join}
+        self._network.drain(self.node_id, keep=nodes)
+        for node_id in nodes:
+            self._network.delay(self.node_id, node_id, STOPPING_LATENCY)
+        try:
+            await self._actor.stop_blocking()
+            await self._shard_actor.stop_blocking()
+            await self.semaphores.hand_over(timeout=0.3)
+            await self.membership.leave()
+        finally:
+            for node_id in nodes:
+                self._network.delay(self.node_id, node_id, 0)
+        self.left = True
+        self.crash()
 
     def crash(self) -> None:
         """Gone at once, memory and all: no goodbye, no hand-over."""
@@ -114,12 +188,14 @@ class SimNode:
     async def _dial(self, nursery: trio.Nursery, address: str):
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             stream = await self._network.connect(self.node_id, address)
-            return await wrap_client_stream(
+            connection = await wrap_client_stream(
                 nursery, stream, address, "/cluster", max_message_size=MAX_FRAME
             )
+            return _Link(connection, self._network)
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
         """What the node's port does with a connection: a WebSocket handshake, then its route."""
+        NODE.set(self.node_id)  # (the task was started from the dialling side's)
         async with trio.open_nursery() as nursery:
             try:
                 request = await wrap_server_stream(nursery, stream, max_message_size=MAX_FRAME)
@@ -128,8 +204,57 @@ class SimNode:
                     await request.reject(404)
                     return
                 websocket = await request.accept()
+                if request.path == "/cluster":
+                    websocket = _Link(websocket, self._network)
                 await route(websocket)
             except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             finally:
                 nursery.cancel_scope.cancel()
+
+
+class _Link:
+    """A node link's connection as the node uses it, sending twice what the network repeats
+    (and, with `--logs`, logging the messages it receives)."""
+
+    __slots__ = ("_connection", "_network")
+
+    # Set by `link_messages`: every message a node receives on a link, logged.
+    logging = False
+
+    def __init__(self, connection, network: SimNetwork) -> None:
+        self._connection = connection
+        self._network = network
+
+    async def send_message(self, message: bytes) -> None:
+        await self._connection.send_message(message)
+        if self._network.duplicating:
+            repeated = [m for m in LINK_CODEC.decode(message) if isinstance(m, REPEATABLE)]
+            if repeated:
+                self._network.duplicated += len(repeated)
+                await self._connection.send_message(LINK_CODEC.encode(repeated))
+
+    async def get_message(self) -> bytes | str:
+        message = await self._connection.get_message()
+        if _Link.logging and isinstance(message, bytes):
+            for item in LINK_CODEC.decode(message):
+                if not isinstance(item, Gossip | ReplicaDelta):
+                    log.debug("received %r", item)
+        return message
+
+    async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
+        await self._connection.aclose(code, reason)
+
+
+def link_messages(logged: bool) -> None:
+    """Log (at DEBUG) every message nodes receive on their links, but gossip and replicas."""
+    _Link.logging = logged
+
+
+def describe(error: BaseException) -> str:
+    """An exception (the leaves of a group) in one line each: type, message, where raised."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(describe(leaf) for leaf in error.exceptions)
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"

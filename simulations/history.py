@@ -5,14 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from .workload import RateSend
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
     at: float
-    kind: str  # "granted", "released", "refused", "fault", "healed", "stuck", "note"
+    # Locks: "asked", "granted", "released", "refused". The protected resource: "write" (sent),
+    # "applied", "rejected". Rate limits: "rate" (an answer; the sends are `History.rate`).
+    # Faults: "fault", "healed", "whole" (every node serves again and agrees on the members);
+    # "down" and "up": a node's life ended (crashed, left, or a task of it raised) or began;
+    # "outage": no majority anywhere ("begins"), or again ("ends").
+    # Broken promises the run itself finds: "stuck" (liveness), "failure" (a task raised).
+    # And "note".
+    kind: str
     who: str
     semaphore: str = ""
     count: int = 0
@@ -28,6 +39,11 @@ class History:
         self.events: list[Event] = []
         self.operations = 0
         self._clock = clock
+        # Every rate-limit request on the wire, in the order sent.
+        self.rate: list[RateSend] = []
+
+    def asked(self, who: str, semaphore: str, count: int) -> None:
+        self._add(Event(self._clock(), "asked", who, semaphore, count))
 
     def granted(
         self, who: str, semaphore: str, count: int, token: int | None, peer_id: int
@@ -44,15 +60,57 @@ class History:
         self.operations += 1
         self._add(Event(self._clock(), "refused", who, semaphore, detail=why))
 
+    def write_sent(self, who: str, token: int) -> None:
+        self._add(Event(self._clock(), "write", who, "A", token=token))
+
+    def wrote(self, who: str, token: int, applied: bool) -> None:
+        kind = "applied" if applied else "rejected"
+        self._add(Event(self._clock(), kind, who, "A", token=token))
+
+    def rate_sent(self, send: RateSend) -> None:
+        self.rate.append(send)
+
+    def rate_answered(self, send: RateSend, at: float, goes: list[bool] | None, error: str) -> None:
+        self.operations += send.times
+        send.answered, send.goes, send.error = at, goes, error
+        outcome = error or " ".join("go" if go else "sorry" for go in goes)
+        self._add(
+            Event(
+                at,
+                "rate",
+                send.client,
+                send.limiter,
+                send.n,
+                detail=f"{send.op} {send.key} at {send.node} sent {send.sent:.4f}: {outcome}",
+            )
+        )
+
     def fault(self, kind: str, victim: str, lasting: float) -> None:
         self._add(Event(self._clock(), "fault", victim, detail=f"{kind} for {lasting:.2f}s"))
 
     def healed(self, kind: str, victim: str) -> None:
         self._add(Event(self._clock(), "healed", victim, detail=kind))
 
+    def down(self, node_id: str) -> None:
+        self._add(Event(self._clock(), "down", node_id))
+
+    def up(self, node_id: str) -> None:
+        self._add(Event(self._clock(), "up", node_id))
+
+    def outage(self, begins: bool) -> None:
+        """No majority of the nodes can talk to each other (from now on, or no longer)."""
+        self._add(Event(self._clock(), "outage", "-", detail="begins" if begins else "ends"))
+
+    def whole(self) -> None:
+        self._add(Event(self._clock(), "whole", "-"))
+
     def stuck(self, text: str) -> None:
         """A promise of liveness not kept (the checkers report it)."""
         self._add(Event(self._clock(), "stuck", "-", detail=text))
+
+    def failure(self, who: str, text: str) -> None:
+        """A task of a node (or a client) raised: a violation of its own."""
+        self._add(Event(self._clock(), "failure", who, detail=text))
 
     def note(self, text: str) -> None:
         self._add(Event(self._clock(), "note", "-", detail=text))
@@ -60,7 +118,8 @@ class History:
     def lines(self) -> list[str]:
         return [
             f"{e.at:10.4f} {e.kind:<8} {e.who:<6} {e.semaphore} {e.count or ''}"
-            f"{'' if e.token is None else f' token={e.token}'} {e.detail}".rstrip()
+            f"{'' if e.token is None else f' token={e.token}'}"
+            f"{f' peer={e.peer_id}' if e.peer_id else ''} {e.detail}".rstrip()
             for e in self.events
         ]
 

@@ -1,17 +1,29 @@
 """A simulated network: byte streams between named places, in memory, under the virtual clock.
 
 Nodes listen at addresses (`n1:8000`); node links and clients connect to them. Each connection is
-a pair of `trio.testing` one-way memory streams, so nothing leaves the process. The faults the
+two one-way pipes of `trio.testing` memory streams, so nothing leaves the process. The faults the
 simulations inject act here:
 
 * a place cut off from another (`cut`, one way or both): new connections between them are
   refused, and the open ones are severed;
 * a place that crashes: its listener is gone and every connection it had is severed (the other
-  end sees the stream break, as after a reset).
+  end sees the stream break, as after a reset);
+* latency (`delay`): bytes from one place to another arrive that much later, in order;
+* held traffic (`hold`, `pause`): bytes between two places, or to and from one place, wait until
+  released, then arrive in order, as over a TCP connection that stalled; the connections stay up
+  and new ones can be made (their handshakes wait too);
+* repeated requests (`duplicating`): the ends that speak messages (clients' WebSockets, node
+  links) look at this flag and send some of their messages twice (`cluster.py`, `run.py`).
+
+Bytes that need no delay go straight through, as `trio.testing.memory_stream_pair` does; only
+delayed or held ones go through `run`'s queue, so a run without such faults costs no more.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections import deque
 from collections.abc import Callable
 
 import trio
@@ -25,19 +37,51 @@ class ConnectionRefused(OSError):
     """Nobody listens there, or the network between the two places is cut."""
 
 
-class _Connection:
-    __slots__ = ("source", "target", "ends")
+class _Pipe:
+    """One direction of a connection: what `source` writes, `target` reads."""
 
-    def __init__(self, source: str, target: str, ends: tuple[trio.abc.Stream, trio.abc.Stream]):
+    __slots__ = ("network", "source", "target", "send", "receive", "queue")
+
+    def __init__(self, network: SimNetwork, source: str, target: str) -> None:
+        self.network = network
         self.source = source
         self.target = target
-        self.ends = ends
+        self.send = trio.testing.MemorySendStream(self._sent, None, self._closed)
+        self.receive = trio.testing.MemoryReceiveStream()
+        # Bytes on their way, in order: [due, data] (b"" is the end of the stream).
+        self.queue: deque[list] = deque()
+
+    async def _sent(self) -> None:
+        self.network._carry(self)
+
+    def _closed(self) -> None:
+        try:
+            self.network._carry(self)
+        except trio.BrokenResourceError:
+            pass  # the far end was closed first: nothing to tell it
+
+    def deliver(self, data: bytes | bytearray) -> None:
+        if data:
+            self.receive.put_data(data)
+        else:
+            self.receive.put_eof()
+
+
+class _Connection:
+    __slots__ = ("source", "target", "pipes")
+
+    def __init__(self, source: str, target: str, pipes: tuple[_Pipe, _Pipe]) -> None:
+        self.source = source
+        self.target = target
+        self.pipes = pipes
 
     def sever(self) -> None:
-        for end in self.ends:
-            # The far side's reads see the end of the stream; writes on either side break.
-            end.send_stream.close()
-            end.receive_stream.close()
+        for pipe in self.pipes:
+            # A reset: what was on its way is lost; the far side's reads see the end of the
+            # stream, and writes on either side break.
+            pipe.queue.clear()
+            pipe.send.close()
+            pipe.receive.close()
 
 
 class SimNetwork:
@@ -46,7 +90,18 @@ class SimNetwork:
         self._connections: list[_Connection] = []
         # (from, to) pairs whose packets are lost: connections from the first to the second.
         self._cut: set[tuple[str, str]] = set()
+        # (from, to) -> seconds bytes take; pairs whose bytes wait; places whose bytes wait.
+        self._delay: dict[tuple[str, str], float] = {}
+        self._held: set[tuple[str, str]] = set()
+        self._paused: set[str] = set()
+        # Pipes with bytes due: (due, sequence, pipe), the earliest first.
+        self._due: list[tuple[float, int, _Pipe]] = []
+        self._sequence = 0
+        self._wake = trio.Event()
         self.connections_made = 0
+        # While set, messages that may be repeated are sent twice; how many were.
+        self.duplicating = False
+        self.duplicated = 0
 
     def listen(self, place: str, address: str, accept: Accept) -> None:
         self._listeners[address] = (place, accept)
@@ -56,6 +111,12 @@ class SimNetwork:
         for address in [a for a, (p, _) in self._listeners.items() if p == place]:
             del self._listeners[address]
         self._sever(lambda c: place in (c.source, c.target))
+
+    def drain(self, place: str, keep: set[str]) -> None:
+        """`place` takes no new connections, and drops those with anyone but `keep`."""
+        for address in [a for a, (p, _) in self._listeners.items() if p == place]:
+            del self._listeners[address]
+        self._sever(lambda c: place in (c.source, c.target) and not {c.source, c.target} & keep)
 
     def cut(self, a: str, b: str, both_ways: bool = True) -> None:
         """Packets from `a` to `b` (and back, if `both_ways`) are lost from now on. A TCP
@@ -71,6 +132,31 @@ class SimNetwork:
     def is_cut(self, a: str, b: str) -> bool:
         return (a, b) in self._cut or (b, a) in self._cut
 
+    def delay(self, a: str, b: str, seconds: float) -> None:
+        """Bytes between `a` and `b` (both ways) take `seconds` from now on (0: none)."""
+        for pair in ((a, b), (b, a)):
+            if seconds > 0:
+                self._delay[pair] = seconds
+            else:
+                self._delay.pop(pair, None)
+
+    def hold(self, a: str, b: str) -> None:
+        """Bytes between `a` and `b` (both ways) wait until `release`."""
+        self._held.update({(a, b), (b, a)})
+
+    def release(self, a: str, b: str) -> None:
+        self._held -= {(a, b), (b, a)}
+        self._reschedule(lambda pipe: {pipe.source, pipe.target} == {a, b})
+
+    def pause(self, place: str) -> None:
+        """Every byte to and from `place` waits until `resume`: from outside, the place has
+        stopped (its connections stay open, and connecting to it still works)."""
+        self._paused.add(place)
+
+    def resume(self, place: str) -> None:
+        self._paused.discard(place)
+        self._reschedule(lambda pipe: place in (pipe.source, pipe.target))
+
     async def connect(self, source: str, address: str) -> trio.abc.Stream:
         """A stream from `source` to whoever listens at `address`, or `ConnectionRefused`."""
         await trio.lowlevel.checkpoint()
@@ -80,11 +166,77 @@ class SimNetwork:
         target, accept = listener
         if self.is_cut(source, target):
             raise ConnectionRefused(f"the network between {source} and {target} is cut")
-        client_end, server_end = trio.testing.memory_stream_pair()
-        self._connections.append(_Connection(source, target, (client_end, server_end)))
+        there, back = _Pipe(self, source, target), _Pipe(self, target, source)
+        self._connections.append(_Connection(source, target, (there, back)))
         self.connections_made += 1
-        accept(server_end)
-        return client_end
+        accept(trio.StapledStream(back.send, there.receive))
+        return trio.StapledStream(there.send, back.receive)
+
+    async def run(self) -> None:
+        """Deliver delayed and held bytes when they are due (runs as long as the network)."""
+        while True:
+            now = trio.current_time()
+            while self._due and self._due[0][0] <= now:
+                _, _, pipe = heapq.heappop(self._due)
+                self._deliver_due(pipe, now)
+            self._wake = trio.Event()
+            with trio.move_on_at(self._due[0][0] if self._due else math.inf):
+                await self._wake.wait()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _latency(self, pipe: _Pipe) -> float:
+        """How long bytes sent on `pipe` now take: inf while they are held."""
+        pair = (pipe.source, pipe.target)
+        if pair in self._held or pipe.source in self._paused or pipe.target in self._paused:
+            return math.inf
+        return self._delay.get(pair, 0.0)
+
+    def _carry(self, pipe: _Pipe) -> None:
+        """Bytes were written (or the writer closed): on their way, now or later."""
+        try:
+            data = pipe.send.get_data_nowait()
+        except trio.WouldBlock:
+            return
+        if not (self._delay or self._held or self._paused or pipe.queue):
+            try:
+                pipe.deliver(data)
+            except trio.ClosedResourceError:
+                raise trio.BrokenResourceError("the far end is closed") from None
+            return
+        latency = self._latency(pipe)
+        due = trio.current_time() + latency
+        if pipe.queue:
+            due = max(due, pipe.queue[-1][0])  # in order, as over one TCP connection
+        pipe.queue.append([due, data])
+        if due < math.inf:
+            self._schedule(due, pipe)
+
+    def _schedule(self, due: float, pipe: _Pipe) -> None:
+        self._sequence += 1
+        heapq.heappush(self._due, (due, self._sequence, pipe))
+        self._wake.set()
+
+    def _deliver_due(self, pipe: _Pipe, now: float) -> None:
+        while pipe.queue and pipe.queue[0][0] <= now:
+            _, data = pipe.queue.popleft()
+            try:
+                pipe.deliver(data)
+            except trio.ClosedResourceError:
+                pipe.queue.clear()  # the reader is gone: the rest is lost with it
+                return
+
+    def _reschedule(self, which: Callable[[_Pipe], bool]) -> None:
+        """Held bytes of the pipes `which` picks are due now, unless still held another way."""
+        now = trio.current_time()
+        for connection in self._connections:
+            for pipe in connection.pipes:
+                if not pipe.queue or not which(pipe) or self._latency(pipe) == math.inf:
+                    continue
+                for chunk in pipe.queue:
+                    if chunk[0] == math.inf:
+                        chunk[0] = now
+                self._schedule(now, pipe)
 
     def _sever(self, which: Callable[[_Connection], bool]) -> None:
         for connection in [c for c in self._connections if which(c)]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluicegate.cluster import peers, semaphore_leases
+from sluicegate.cluster import peers, rate_limits, semaphore_leases
 
 
 def fencing_counter_stays_on_takeover() -> None:
@@ -44,8 +44,51 @@ def expiry_early() -> None:
     peers.PeerTable._add = add_early
 
 
+def gossip_merged_by_sum() -> None:
+    """Gossiped "go" events are added up as they come, every copy of them: the highest
+    sequence number seen per origin (the max that makes merging idempotent) is not consulted,
+    so an event that arrives twice counts twice."""
+    rate_limits._Seen.first_time = lambda self, seq: True
+
+
+def fifo_skipped_for_small_counts() -> None:
+    """A count of 1 is granted as soon as it fits beside the holders, though larger counts
+    wait before it: the fit test leaves the waiters out for the smallest requests."""
+    request = semaphore_leases.SemaphoreLeases.request
+
+    def request_small_first(self, peer_id, semaphore, count, now, ticket=0):
+        sem = self._semaphore(semaphore)
+        new = peer_id not in sem.holders and peer_id not in sem.queue
+        if count == 1 and new and sem.grace_until is None and sem.acquired + count <= sem.max:
+            self._hold(sem, peer_id, count)
+            sem.tickets[peer_id] = ticket
+            self._in_use.add(sem.name)
+            return True
+        return request(self, peer_id, semaphore, count, now, ticket)
+
+    semaphore_leases.SemaphoreLeases.request = request_small_first
+
+
+def duplicated_grant_on_retry() -> None:
+    """A lock request that comes again (a home's retry, or the network's repeat) after it was
+    granted is granted again: its count is added to the semaphore once more."""
+    request = semaphore_leases.SemaphoreLeases.request
+
+    def request_granting_again(self, peer_id, semaphore, count, now, ticket=0):
+        sem = self._semaphore(semaphore)
+        if sem.holders.get(peer_id) == count and sem.tickets.get(peer_id) == ticket:
+            self._hold(sem, peer_id, count)
+            return True
+        return request(self, peer_id, semaphore, count, now, ticket)
+
+    semaphore_leases.SemaphoreLeases.request = request_granting_again
+
+
 PLANTED: dict[str, Callable[[], None]] = {
     "fencing-counter-stays-on-takeover": fencing_counter_stays_on_takeover,
     "grace-period-ignored": grace_period_ignored,
     "expiry-early": expiry_early,
+    "gossip-merged-by-sum": gossip_merged_by_sum,
+    "fifo-skipped-for-small-counts": fifo_skipped_for_small_counts,
+    "duplicated-grant-on-retry": duplicated_grant_on_retry,
 }

@@ -4,6 +4,12 @@ Everything random comes from `random.Random(seed)`, and trio's scheduler is seed
 (`_ALLOW_DETERMINISTIC_SCHEDULING`, private: trio is pinned in pyproject.toml). The clock is
 `trio.testing.MockClock` jumping ahead whenever every task waits. The same seed on the same commit
 gives the same history, which `trace_hash` proves.
+
+A run: three nodes boot; four clients work (simulations/workload.py) for `DURATION` virtual
+seconds while faults of the kinds the seed enabled come one at a time (simulations/faults.py);
+then the fault in progress heals, the cluster must be whole again, the clients leave, and the
+cluster must settle: every semaphore's whole count free again and granted to a newcomer. The
+checkers (simulations/checkers.py) then judge the history.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import signal
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,16 +29,23 @@ from sluicegate.client.client import Client
 from sluicegate.client.websocket import handshake
 from sluicegate.node.config import NodeConfig, parse_config
 
+from . import workload
 from .checkers import check_history
-from .cluster import SimNode
+from .cluster import NODE, SimNode, describe, link_messages
+from .faults import FAULTS, RECOVERY_LIMIT, Injector
 from .history import History
 from .network import SimNetwork
+from .workload import EXPIRES_IN, FencedResource
 
 CONFIG = parse_config(
     """
 [semaphores]
-A = 1
-B = 3
+A = { max = 1, level = 0 }
+B = { max = 3, level = 1 }
+
+[rate_limits]
+exact = { algorithm = "fixed_window", limit = 3, window = "1s" }
+gossip = { algorithm = "fixed_window", limit = 5, window = "1s", mode = "gossip" }
 
 [cluster]
 down_after = "1s"
@@ -43,13 +57,14 @@ rate_gossip_interval = "50ms"
 NODES = 3
 CLIENTS = 4
 CLIENT_IDS = [f"c{number}" for number in range(CLIENTS)]
-TASKS_PER_CLIENT = 2
 DURATION = 30.0  # virtual seconds of workload
 BOOT_TIMEOUT = 30.0
-SETTLE = 15.0
-# A cluster not whole again this long after a fault healed is a failure of its own.
-RECOVERY_LIMIT = 20.0  # virtual seconds after the faults heal, before the last checks
-EXPIRES_IN = 5.0
+# Once the clients have left, every semaphore must be wholly free again within this long: a peer
+# whose release was lost expires, owners' audits drop locks no home wants, grace periods end.
+SETTLE_LIMIT = EXPIRES_IN + 10.0
+PROBE_TIMEOUT = 5.0
+# A run takes a few real seconds; one this long is stuck without virtual time passing.
+LIVELOCK_AFTER = 120.0
 
 
 @dataclass
@@ -60,6 +75,8 @@ class Outcome:
     faults: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
+    # Counts worth a look over many runs (stale writes rejected, messages repeated, ...).
+    figures: Counter = field(default_factory=Counter)
 
 
 def read_seeds(path: Path) -> list[int]:
@@ -73,19 +90,80 @@ def quiet_node_logs() -> None:
     logging.getLogger("sluicegate").setLevel(logging.CRITICAL)
 
 
+def log_nodes() -> None:
+    """Put the nodes' log lines, and every message a node receives on its links (but gossip of
+    members and replication), in the history as notes: `run --trace --logs`. For one process."""
+
+    class ToHistory(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            name = record.name.rsplit(".", 1)[-1]
+            _running[0].note(f"{NODE.get()} {name}: {record.getMessage()}")
+
+    logger = logging.getLogger("sluicegate")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(ToHistory())
+    logger.propagate = False
+    link_messages(True)
+    workload.Tap.logging = True
+
+
+class Livelock(Exception):
+    """Tasks kept running for `LIVELOCK_AFTER` real seconds without virtual time passing (it
+    passes only when every task waits)."""
+
+
 def run_seed(seed: int) -> Outcome:
-    """Run the simulation of `seed` to its end (bounded in virtual time)."""
+    """Run the simulation of `seed` to its end (bounded in virtual time; and in real time, for
+    a livelock would never end: then the outcome says so)."""
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(_simulate, seed, clock=clock)
+
+    def interrupt(signum, frame) -> None:
+        raise Livelock(f"no virtual time passed for {LIVELOCK_AFTER:g} real seconds")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER)
+    try:
+        return trio.run(_simulate, seed, clock=clock)
+    except BaseException as error:
+        if not _livelocked(error):
+            raise
+        trace = [*_running[0].lines(), f"{clock.current_time():10.4f} livelock"]
+        return Outcome(
+            seed=seed,
+            trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
+            operations=_running[0].operations,
+            violations=[f"[liveness] {clock.current_time():.4f}: livelock: {error}"],
+            trace=trace,
+        )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _livelocked(error: BaseException | None) -> bool:
+    """Did `Livelock` end the run? (Raised wherever the run was, maybe in trio's own code,
+    which then raises `TrioInternalError` from it.)"""
+    if error is None:
+        return False
+    if isinstance(error, BaseExceptionGroup):
+        return any(_livelocked(leaf) for leaf in error.exceptions)
+    return isinstance(error, Livelock) or _livelocked(error.__cause__ or error.__context__)
+
+
+# The history of the run in progress (for the report of a livelock, which ends it early).
+_running: list[History] = [History()]
 
 
 class _Cluster:
-    def __init__(self, network: SimNetwork, rng: random.Random, config: NodeConfig) -> None:
+    def __init__(
+        self, network: SimNetwork, rng: random.Random, config: NodeConfig, history: History
+    ) -> None:
         self.network = network
         self.rng = rng
         self.config = config
+        self.history = history
         self.nodes: dict[str, SimNode] = {}
         self._generations: Counter = Counter()
         self.ids = [f"n{i}" for i in range(1, NODES + 1)]
@@ -100,10 +178,16 @@ class _Cluster:
             random.Random(self.rng.getrandbits(64)),
             generation=self._generations[node_id],
             join=seeds,
+            on_failure=self._failed,
         )
         self.nodes[node_id] = node
         await nursery.start(node.run)
+        self.history.up(node_id)
         return node
+
+    def _failed(self, node_id: str, text: str) -> None:
+        self.history.failure(node_id, text)
+        self.history.down(node_id)
 
     def urls(self) -> list[str]:
         return [f"ws://{node_id}:8000" for node_id in self.ids]
@@ -114,120 +198,152 @@ class _Cluster:
             for node in self.nodes.values()
         )
 
+    def whole(self) -> bool:
+        """Every node serves, and each sees every node's current life as a member."""
+        if not self.all_ready():
+            return False
+        lives = {node_id: node.generation for node_id, node in self.nodes.items()}
+        return all(node.membership.generations() == lives for node in self.nodes.values())
+
+    def views(self) -> str:
+        """Each node's state, for a report: crashed, or serving or not, and its members."""
+        views = []
+        for node_id, node in sorted(self.nodes.items()):
+            if node.crashed:
+                views.append(f"{node_id} down")
+            else:
+                ready = node.semaphores is not None and node.semaphores.ready
+                members = ",".join(sorted(node.membership.generations()))
+                views.append(f"{node_id} {'serves' if ready else 'serves not'}, sees {members}")
+        return "; ".join(views)
+
 
 async def _simulate(seed: int) -> Outcome:
     rng = random.Random(seed)
-    history = History()
+    history = _running[0] = History()
     network = SimNetwork()
-    cluster = _Cluster(network, rng, CONFIG)
-    faults: Counter = Counter()
+    cluster = _Cluster(network, rng, CONFIG, history)
+    resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(network.run)
         for node_id in cluster.ids:
             await cluster.start(nursery, node_id)
         with trio.fail_after(BOOT_TIMEOUT):
-            while not cluster.all_ready():
+            while not cluster.whole():
                 await trio.sleep(0.1)
         history.note("cluster ready")
+        history.whole()
 
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
         history.note("faults enabled: " + (", ".join(kinds) or "none"))
-        async with trio.open_nursery() as workload:
+        injector = Injector(
+            cluster,
+            CLIENT_IDS,
+            history,
+            kinds,
+            random.Random(rng.getrandbits(64)),
+            EXPIRES_IN,
+            restart=lambda node_id: cluster.start(nursery, node_id),
+        )
+        faults_over = trio.Event()
+
+        async def inject() -> None:
+            try:
+                if kinds:
+                    await injector.run()
+            finally:
+                faults_over.set()
+
+        async with trio.open_nursery() as clients:
             for name in CLIENT_IDS:
-                workload.start_soon(_client, name, cluster, history, rng.getrandbits(64))
-            if kinds:
-                workload.start_soon(_inject_faults, nursery, cluster, history, kinds, faults)
+                clients.start_soon(
+                    _client, name, network, cluster, history, resource, rng.getrandbits(64)
+                )
+            nursery.start_soon(inject)
             await trio.sleep(DURATION)
-            workload.cancel_scope.cancel()
+            injector.stop()
+            with trio.move_on_after(RECOVERY_LIMIT + DURATION):
+                await faults_over.wait()
+            clients.cancel_scope.cancel()
+        history.note("clients gone")
+        if cluster.whole():
+            await _settles(cluster, network, history, rng.getrandbits(64))
+        elif not any(event.kind == "stuck" for event in history.events):
+            history.stuck(f"the cluster is not whole when the clients leave: {cluster.views()}")
         nursery.cancel_scope.cancel()
     violations = check_history(history, CONFIG, EXPIRES_IN)
     trace = history.lines()
+    unanswered = sum(1 for send in history.rate if send.answered is None)
+    figures = Counter(
+        {
+            "rate requests sent": len(history.rate),
+            "rate requests unanswered": unanswered,
+            "writes applied": sum(1 for e in history.events if e.kind == "applied"),
+            "stale writes rejected": sum(1 for e in history.events if e.kind == "rejected"),
+            "messages repeated": network.duplicated,
+        }
+    )
     return Outcome(
         seed=seed,
         trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
         operations=history.operations,
-        faults=faults,
+        faults=injector.fired,
         violations=violations,
         trace=trace,
+        figures=figures,
     )
 
 
-FAULTS = ("crash", "partition", "one_way", "client_cut")
-# A lock body lasts up to `SHORT_HOLD` seconds, or, one time in `LONG_HOLD_ONE_IN`, longer than
-# a peer's expiry: heartbeats alone keep it.
-SHORT_HOLD = 0.5
-LONG_HOLD = (EXPIRES_IN * 0.6, EXPIRES_IN * 1.6)
-LONG_HOLD_ONE_IN = 10
-
-
-async def _inject_faults(
-    nursery: trio.Nursery, cluster: _Cluster, history: History, kinds: list[str], fired: Counter
+async def _client(
+    name: str,
+    network: SimNetwork,
+    cluster: _Cluster,
+    history: History,
+    resource: FencedResource,
+    seed: int,
 ) -> None:
-    """One fault at a time, until the workload ends: each healed, and the cluster whole again
-    (every node serving its share), before the next."""
-    rng = random.Random(cluster.rng.getrandbits(64))
-    while True:
-        await trio.sleep(rng.uniform(1.0, 4.0))
-        kind = rng.choice(kinds)
-        victim = rng.choice(CLIENT_IDS if kind == "client_cut" else cluster.ids)
-        others = [node_id for node_id in cluster.ids if node_id != victim]
-        lasting = rng.uniform(0.5, 6.0)
-        fired[kind] += 1
-        history.fault(kind, victim, lasting)
-        if kind == "crash":
-            cluster.nodes[victim].crash()
-            await trio.sleep(lasting)
-            await cluster.start(nursery, victim)
-        else:
-            for other in others:
-                cluster.network.cut(victim, other, both_ways=kind != "one_way")
-            await trio.sleep(lasting)
-            cluster.network.heal()
-        history.healed(kind, victim)
-        healed = trio.current_time()
-        while not cluster.all_ready():
-            if trio.current_time() > healed + RECOVERY_LIMIT:
-                history.stuck(f"not every node serves {RECOVERY_LIMIT:g} s after the heal")
-                return
-            await trio.sleep(0.1)
+    try:
+        await workload.client(name, network, cluster.urls(), history, resource, seed)
+    except Exception as error:  # noqa: BLE001 (a client task that raised is a violation)
+        history.failure(name, describe(error))
 
 
-async def _client(name: str, cluster: _Cluster, history: History, seed: int) -> None:
-    rng = random.Random(seed)
+async def _settles(cluster: _Cluster, network: SimNetwork, history: History, seed: int) -> None:
+    """Retries took effect once, and nothing leaked: with every client gone, each semaphore's
+    whole count is free again within `SETTLE_LIMIT`, and a newcomer is granted all of it."""
 
     async def open_websocket(url: str):
         address = url.split("//", 1)[1].split("/", 1)[0]
-        stream = await cluster.network.connect(name, address)
-        return await handshake(stream, address, "/ws")
+        return await handshake(await network.connect("probe", address), address, "/ws")
 
-    urls = cluster.urls()
-    rng.shuffle(urls)
-    client = Client(
-        [url + "/ws" for url in urls],
+    probe = Client(
+        [url + "/ws" for url in cluster.urls()],
         expires_in=EXPIRES_IN,
-        rng=random.Random(rng.getrandbits(64)),
+        rng=random.Random(seed),
         open_websocket=open_websocket,
     )
-    async with client:
-        async with trio.open_nursery() as tasks:
-            for number in range(TASKS_PER_CLIENT):
-                tasks.start_soon(
-                    _locker, f"{name}.{number}", client, history, random.Random(rng.getrandbits(64))
-                )
-
-
-async def _locker(name: str, client: Client, history: History, rng: random.Random) -> None:
-    while True:
-        semaphore, count = rng.choice([("A", 1), ("B", 1), ("B", 2)])
-        try:
-            async with client.lock(semaphore, count=count, timeout=10) as lease:
-                history.granted(name, semaphore, count, lease.fencing_token, lease.peer_id)
+    deadline = trio.current_time() + SETTLE_LIMIT
+    async with probe:
+        for name, semaphore in CONFIG.semaphores.items():
+            while True:  # asked at least once, also when another semaphore took all the time
                 try:
-                    long = rng.randrange(LONG_HOLD_ONE_IN) == 0
-                    await trio.sleep(
-                        rng.uniform(*LONG_HOLD) if long else rng.uniform(0, SHORT_HOLD)
-                    )
-                finally:
-                    history.released(name, semaphore, count, lease.lost)
-        except Exception as error:  # noqa: BLE001 (every refusal is part of the history)
-            history.refused(name, semaphore, type(error).__name__)
-        await trio.sleep(rng.uniform(0, 0.2))
+                    left = await probe.remainder(name)
+                except Exception as error:  # noqa: BLE001 (said in the report if it lasts)
+                    left = type(error).__name__
+                if left == semaphore.max or trio.current_time() >= deadline:
+                    break
+                await trio.sleep(0.25)
+            if left != semaphore.max:
+                history.stuck(
+                    f"{name}: remainder {left} of {semaphore.max}, {SETTLE_LIMIT:g} s after the "
+                    "clients left"
+                )
+                continue
+            try:
+                async with probe.lock(name, count=semaphore.max, timeout=PROBE_TIMEOUT):
+                    history.note(f"probe granted all of {name}")
+            except Exception as error:  # noqa: BLE001 (the report says what)
+                history.stuck(
+                    f"{name}: all {semaphore.max} of it free, yet not granted to a newcomer "
+                    f"within {PROBE_TIMEOUT:g} s ({type(error).__name__})"
+                )

@@ -1,0 +1,200 @@
+"""Faults, one at a time, of the kinds a seed enabled; after each heals, the cluster must be
+whole again (every node serving, every node agreeing on the members) before the next.
+
+* `crash`: a node is gone, memory and all, then starts again (a new life, empty).
+* `leave`: a node stops as SIGTERM stops it (last changes streamed, goodbye), then joins again.
+* `partition`: a node cut off from the other nodes, both ways (a minority of one: with three
+  nodes that is the only split that leaves a majority).
+* `one_way`: a node's packets to the other nodes are lost, theirs to it arrive.
+* `client_cut`: a client cut off from every node.
+* `delay`: everything to and from a node takes 50 to 500 ms.
+* `clog`: two or three of the links between nodes stall (bytes wait, connections stay up), then
+  are released one by one. With all three stalled no two nodes can talk: an outage (no majority
+  anywhere) until the first is released.
+* `pause`: a node's traffic, in and out, waits longer than a peer's expiry, then flows again in
+  order: to the others and to its clients the node has stopped, as under SIGSTOP. (Its own
+  timers run meanwhile, so it notices the silence as a cut-off node does; the moment after a
+  real SIGSTOP, when a node answers from its old state before its timers have run, is not
+  modelled: docs/cluster.md names it among what partitions may still do.)
+* `duplicate`: requests are delivered twice: clients' request frames, and, on node links, the
+  messages between homes and owners and rate-limit gossip.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from .history import History
+
+FAULTS = (
+    "crash",
+    "partition",
+    "one_way",
+    "client_cut",
+    "delay",
+    "clog",
+    "pause",
+    "leave",
+    "duplicate",
+)
+# A cluster not whole again this long after a fault healed is a failure of its own.
+RECOVERY_LIMIT = 20.0
+
+
+class Injector:
+    """Faults of `kinds` on `cluster` (simulations/run.py's `_Cluster`) until `stop`."""
+
+    def __init__(
+        self,
+        cluster,
+        clients: list[str],
+        history: History,
+        kinds: list[str],
+        rng: random.Random,
+        expires_in: float,
+        restart: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.cluster = cluster
+        self.network = cluster.network
+        self.clients = clients
+        self.history = history
+        self.kinds = kinds
+        self.rng = rng
+        self.expires_in = expires_in
+        self.restart = restart
+        self.fired: Counter = Counter()
+        self._ending = False
+        self._waiting: trio.CancelScope | None = None
+
+    def stop(self) -> None:
+        """End the fault in progress now (healing it) and start no other."""
+        self._ending = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def run(self) -> None:
+        rng = self.rng
+        while True:
+            await self._wait(rng.uniform(1.0, 4.0))
+            if self._ending:
+                return
+            kind = rng.choice(self.kinds)
+            nodes = self.cluster.ids
+            victim = rng.choice(self.clients if kind == "client_cut" else nodes)
+            if kind == "duplicate":
+                victim = "all"  # every client and every link
+            lasting = rng.uniform(0.5, 6.0)
+            if kind == "pause":
+                lasting = rng.uniform(self.expires_in + 0.5, 1.6 * self.expires_in)
+            self.fired[kind] += 1
+            self.history.fault(kind, victim, lasting)
+            await getattr(self, "_" + kind)(victim, lasting)
+            self.history.healed(kind, victim)
+            if not await self.until_whole():
+                return
+
+    async def until_whole(self) -> bool:
+        """Wait until every node serves and all agree on the members; False (and a `stuck` in
+        the history) if that takes more than `RECOVERY_LIMIT`."""
+        healed = trio.current_time()
+        while not self.cluster.whole():
+            if trio.current_time() > healed + RECOVERY_LIMIT:
+                self.history.stuck(
+                    f"not every node serves and agrees on the members {RECOVERY_LIMIT:g} s "
+                    f"after the heal: {self.cluster.views()}"
+                )
+                return False
+            await trio.sleep(0.1)
+        self.history.whole()
+        return True
+
+    async def _wait(self, seconds: float) -> None:
+        """Sleep, unless `stop` ends it early."""
+        if self._ending:
+            return
+        with trio.CancelScope() as self._waiting:
+            await trio.sleep(seconds)
+        self._waiting = None
+
+    def _others(self, victim: str) -> list[str]:
+        return [node_id for node_id in self.cluster.ids if node_id != victim]
+
+    def _places(self, victim: str) -> list[str]:
+        """Every place but `victim` that may talk to it: the other nodes and the clients."""
+        return self._others(victim) + self.clients + ["probe"]
+
+    async def _crash(self, victim: str, lasting: float) -> None:
+        self.cluster.nodes[victim].crash()
+        self.history.down(victim)
+        await self._wait(lasting)
+        await self.restart(victim)
+
+    async def _leave(self, victim: str, lasting: float) -> None:
+        await self.cluster.nodes[victim].leave()
+        self.history.down(victim)
+        await self._wait(lasting)
+        await self.restart(victim)
+
+    async def _partition(self, victim: str, lasting: float) -> None:
+        for other in self._others(victim):
+            self.network.cut(victim, other)
+        await self._wait(lasting)
+        self.network.heal()
+
+    async def _one_way(self, victim: str, lasting: float) -> None:
+        for other in self._others(victim):
+            self.network.cut(victim, other, both_ways=False)
+        await self._wait(lasting)
+        self.network.heal()
+
+    async def _client_cut(self, victim: str, lasting: float) -> None:
+        for node_id in self.cluster.ids:
+            self.network.cut(victim, node_id)
+        await self._wait(lasting)
+        self.network.heal()
+
+    async def _delay(self, victim: str, lasting: float) -> None:
+        latency = self.rng.uniform(0.05, 0.5)
+        self.history.note(f"latency to and from {victim}: {latency:.3f}s")
+        for place in self._places(victim):
+            self.network.delay(victim, place, latency)
+        await self._wait(lasting)
+        for place in self._places(victim):
+            self.network.delay(victim, place, 0)
+
+    async def _clog(self, victim: str, lasting: float) -> None:
+        """Links between nodes stall (the victim's, and maybe the third), then are released one
+        by one."""
+        links = [(victim, other) for other in self._others(victim)]
+        third = tuple(self._others(victim))
+        if self.rng.random() < 0.5:
+            links.append(third)
+        for a, b in links:
+            self.network.hold(a, b)
+        self.history.note("clogged " + ", ".join(f"{a}-{b}" for a, b in links))
+        everyone = len(links) == len(self.cluster.ids)
+        if everyone:  # no two nodes can talk: no majority anywhere, until a link is released
+            self.history.outage(True)
+        await self._wait(lasting)
+        self.rng.shuffle(links)
+        for a, b in links:
+            self.network.release(a, b)
+            self.history.note(f"released {a}-{b}")
+            if everyone and (a, b) == links[0]:
+                self.history.outage(False)
+            if (a, b) != links[-1]:
+                await self._wait(self.rng.uniform(0.2, 1.5))
+
+    async def _pause(self, victim: str, lasting: float) -> None:
+        self.network.pause(victim)
+        await self._wait(lasting)
+        self.network.resume(victim)
+
+    async def _duplicate(self, victim: str, lasting: float) -> None:
+        self.network.duplicating = True
+        await self._wait(lasting)
+        self.network.duplicating = False
