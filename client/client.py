@@ -42,6 +42,10 @@ from .websocket import OpenWebSocket, open_websocket
 DEFAULT_EXPIRES_IN = 30.0
 # Waits longer than this are split, so a lost connection is noticed and the wait resumed.
 WAIT_SLICE = 20.0
+# Heartbeats of one peer on their way at once, at most (a beat is a third of an expiry).
+HEARTBEATS_IN_FLIGHT = 3
+# A heartbeat unanswered for this part of an expiry: the client leaves its node for another.
+STALLED_AFTER = 0.5
 
 
 @dataclass(eq=False)
@@ -325,10 +329,21 @@ class Client:
         until it is answered or its peer may have expired."""
         while True:
             await trio.sleep(self._session.expires_in / 3)
+            now = trio.current_time()
+            stalled = False
             for peer in list(self._session.peers.values()):
-                if not peer.heartbeating:
-                    peer.heartbeating = True
+                # A beat each time, even while earlier ones are on their way: with answers
+                # slower than a beat, waiting for them would space renewals out beyond expiry.
+                if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
                     self._nursery.start_soon(self._heartbeat, peer)
+                if peer.heartbeats_sent and now - peer.heartbeats_sent[0] > STALLED_AFTER * (
+                    self._session.expires_in
+                ):
+                    stalled = True
+            if stalled:
+                # No answer for half an expiry: the node (as if paused) or its way to the
+                # peers' homes stalls, with the connection open; ask another node.
+                self._leave(self._connection)
 
     async def _heartbeat(self, peer: Peer) -> None:
         session = self._session
@@ -337,6 +352,7 @@ class Client:
         deadline = session.expires_at(peer)
         if deadline <= now:
             deadline = now + session.expires_in
+        peer.heartbeats_sent.append(now)
         try:
             with trio.move_on_at(deadline):
                 _, sent_at = await self._renewing(peer, session.heartbeat, peer)
@@ -344,7 +360,7 @@ class Client:
         except (Unavailable, UnknownPeer):
             pass  # tried until the peer may have expired, or a node forgot it twice
         finally:
-            peer.heartbeating = False
+            peer.heartbeats_sent.remove(now)
         if trio.current_time() >= session.expires_at(peer):
             self._lose_leases(peer)
 

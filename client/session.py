@@ -113,8 +113,9 @@ class Peer:
     # sent: the node counts the expiry from a later moment, so the peer lives at least until
     # `renewed_at + expires_in`.
     renewed_at: float = -math.inf
-    # A heartbeat of it is on its way.
-    heartbeating: bool = False
+    # When each heartbeat of it on its way was sent (several, when answers take longer than a
+    # beat).
+    heartbeats_sent: list[float] = field(default_factory=list)
 
 
 class Session:
