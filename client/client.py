@@ -44,8 +44,9 @@ DEFAULT_EXPIRES_IN = 30.0
 WAIT_SLICE = 20.0
 # Heartbeats of one peer on their way at once, at most (a beat is a third of an expiry).
 HEARTBEATS_IN_FLIGHT = 3
-# A heartbeat unanswered for this part of an expiry: the client leaves its node for another.
-STALLED_AFTER = 0.5
+# A heartbeat unanswered for a beat (this part of an expiry): the client leaves its node for
+# another, with two beats left before the peer may expire.
+STALLED_AFTER = 1 / 3
 
 
 @dataclass(eq=False)
@@ -336,13 +337,13 @@ class Client:
                 # slower than a beat, waiting for them would space renewals out beyond expiry.
                 if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
                     self._nursery.start_soon(self._heartbeat, peer)
-                if peer.heartbeats_sent and now - peer.heartbeats_sent[0] > STALLED_AFTER * (
+                if peer.heartbeats_sent and now - peer.heartbeats_sent[0] >= STALLED_AFTER * (
                     self._session.expires_in
                 ):
                     stalled = True
             if stalled:
-                # No answer for half an expiry: the node (as if paused) or its way to the
-                # peers' homes stalls, with the connection open; ask another node.
+                # No answer for a beat: the node (as if paused) or its way to the peers' homes
+                # stalls, with the connection open; ask another node.
                 self._leave(self._connection)
 
     async def _heartbeat(self, peer: Peer) -> None:
