@@ -198,9 +198,10 @@ class RateLimitService:
             return None  # a single node, or a limiter this node does not know: decided here
         if self.core.mode(op.limiter) == "gossip":
             return None  # every node decides: available as long as it runs
-        if not self._majority:
+        if not (self._majority and self._membership.in_majority()):
             # As semaphores do: a node cut off from most members decides nothing exact, since
-            # the majority side may have given its keys to another owner.
+            # the majority side may have given its keys to another owner. (Asked now, not as of
+            # the last look: the ring changes at once, and one of itself alone owns every key.)
             raise Unavailable("this node sees no majority of the members")
         owner = self._membership.ring.owner(rate_key(op.limiter, op.key))
         if owner is None:
