@@ -33,6 +33,7 @@ from .session import (
     Peer,
     RateDecision,
     RateLimited,
+    RequestRefused,
     Session,
     Unavailable,
     UnknownPeer,
@@ -360,6 +361,10 @@ class Client:
                 session.renewed(peer, sent_at)
         except (Unavailable, UnknownPeer):
             pass  # tried until the peer may have expired, or a node forgot it twice
+        except RequestRefused:
+            # (A restore that raced another one of this peer: the node has it already.) A
+            # background task must not take the client down; the next beat asks again.
+            pass
         finally:
             peer.heartbeats_sent.remove(now)
         if trio.current_time() >= session.expires_at(peer):
