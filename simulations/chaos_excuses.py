@@ -42,8 +42,11 @@ from .history import Event, History
 # How long after waking a node's answers may still come from its old state (it answers its
 # backlog at once; what it hears from the others reaches it within a gossip round or two).
 STALE_MOMENT = 1.0
-_MAX_VIOLATION = re.compile(r"^(\S+): (\S+) held \d+ > max \d+ \(granted \d+ to (\S+)\)$")
-_TOKEN_VIOLATION = re.compile(r"^(\S+): token \d+ on (\S+) to \S+ after (\d+) to ")
+# (Violations start with the checker's tag, `[max]`.)
+_MAX_VIOLATION = re.compile(
+    r"^(?:\[\S+\] )?(\S+): (\S+) held \d+ > max \d+ \(granted \d+ to (\S+)\)$"
+)
+_TOKEN_VIOLATION = re.compile(r"^(?:\[\S+\] )?(\S+): token \d+ on (\S+) to \S+ after (\d+) to ")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ stop.
 A node task that raises is not the end of the run: the node is down from then on, as a process
 that died of it would be, and `on_failure` hears of it (a violation of its own).
 
-While the network duplicates (`SimNetwork.duplicating`), a node link sends the messages between
+While the network duplicates (`SimNetwork.duplicating`), a node sends the messages between
 homes and owners, and rate-limit gossip, twice: `cluster/shard.py` and `cluster/rate_limits.py`
-say repeated messages settle (the wire under them is TCP, which does not repeat itself, but a
-link that resent what it was unsure of would).
+say repeated messages settle. (Not the frames: a link numbers its messages and drops what it
+had, so a repeated frame would test nothing; a node that said something twice is what the
+cores must bear.)
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from sluicegate.cluster.shard import (
 from sluicegate.node.app import NodeApp
 from sluicegate.node.config import NodeConfig
 from sluicegate.node.link_codec import LINK_CODEC
-from sluicegate.node.links import HANDSHAKE_TIMEOUT
+from sluicegate.node.links import HANDSHAKE_TIMEOUT, Link, Links
 from sluicegate.node.node_metrics import NodeMetrics
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
@@ -150,7 +151,28 @@ class SimNode:
                     task_status=task_status,
                 )
             )
+            self._say_twice_while_duplicating(self.app.links)
             task_status.started()
+
+    def _say_twice_while_duplicating(self, links: Links) -> None:
+        """Each link of `links` sends a repeatable message twice while the network duplicates."""
+        network, link_of = self._network, links.link
+
+        def link(remote_id: str) -> Link:
+            link = link_of(remote_id)
+            if "send" not in vars(link):
+                send = link.send
+
+                def send_twice(message: object, generation: int | None = None) -> None:
+                    send(message, generation)
+                    if network.duplicating and isinstance(message, REPEATABLE):
+                        network.duplicated += 1
+                        send(message, generation)
+
+                link.send = send_twice
+            return link
+
+        links.link = link
 
     async def leave(self) -> None:
         """Stop as SIGTERM stops a node: the last changes streamed, a goodbye, then gone.
@@ -228,11 +250,6 @@ class _Link:
 
     async def send_message(self, message: bytes) -> None:
         await self._connection.send_message(message)
-        if self._network.duplicating:
-            repeated = [m for m in LINK_CODEC.decode(message) if isinstance(m, REPEATABLE)]
-            if repeated:
-                self._network.duplicated += len(repeated)
-                await self._connection.send_message(LINK_CODEC.encode(repeated))
 
     async def get_message(self) -> bytes | str:
         message = await self._connection.get_message()

@@ -56,7 +56,7 @@ def fifo_skipped_for_small_counts() -> None:
     wait before it: the fit test leaves the waiters out for the smallest requests."""
     request = semaphore_leases.SemaphoreLeases.request
 
-    def request_small_first(self, peer_id, semaphore, count, now, ticket=0):
+    def request_small_first(self, peer_id, semaphore, count, now, ticket=0, provisional=False):
         sem = self._semaphore(semaphore)
         new = peer_id not in sem.holders and peer_id not in sem.queue
         if count == 1 and new and sem.grace_until is None and sem.acquired + count <= sem.max:
@@ -64,7 +64,7 @@ def fifo_skipped_for_small_counts() -> None:
             sem.tickets[peer_id] = ticket
             self._in_use.add(sem.name)
             return True
-        return request(self, peer_id, semaphore, count, now, ticket)
+        return request(self, peer_id, semaphore, count, now, ticket, provisional)
 
     semaphore_leases.SemaphoreLeases.request = request_small_first
 
@@ -74,12 +74,12 @@ def duplicated_grant_on_retry() -> None:
     granted is granted again: its count is added to the semaphore once more."""
     request = semaphore_leases.SemaphoreLeases.request
 
-    def request_granting_again(self, peer_id, semaphore, count, now, ticket=0):
+    def request_granting_again(self, peer_id, semaphore, count, now, ticket=0, provisional=False):
         sem = self._semaphore(semaphore)
         if sem.holders.get(peer_id) == count and sem.tickets.get(peer_id) == ticket:
             self._hold(sem, peer_id, count)
             return True
-        return request(self, peer_id, semaphore, count, now, ticket)
+        return request(self, peer_id, semaphore, count, now, ticket, provisional)
 
     semaphore_leases.SemaphoreLeases.request = request_granting_again
 

