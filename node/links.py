@@ -38,6 +38,9 @@ log = logging.getLogger("sluicegate.links")
 
 HANDSHAKE_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 0.5
+# An acknowledgement with nothing to carry it waits this long for a message going back (the
+# answer to a forwarded call usually is one), rather than take a frame of its own.
+ACK_DELAY = 0.05
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 5.0
 OUTBOX_LIMIT = 100_000
@@ -291,10 +294,14 @@ class Link:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
+                if self._unsent == self._first + len(self._outbox):
+                    if self._acknowledged:
+                        continue
+                    with trio.move_on_after(ACK_DELAY):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
                 first = self._unsent
                 pending = list(islice(self._outbox, first - self._first, None))
-                if not pending and self._acknowledged:
-                    continue
                 batch = [
                     message if meant_for in (None, self._remote_generation) else SKIPPED
                     for meant_for, message in pending

@@ -132,7 +132,6 @@ class SemaphoreActor:
         # this node counts as frozen (as by SIGSTOP).
         self._watched_at: float | None = None
         self._frozen_after = math.inf
-        self._frozen = False
         self.freezes = 0
 
     async def call(self, op: Operation) -> object:
@@ -247,12 +246,13 @@ class SemaphoreActor:
         """The cluster's watch looks in (every `WATCH_INTERVAL`): if it could not for
         `frozen_after`, the whole process was frozen, and the other members may have taken this
         node's share over meanwhile (the caller passes `down_after` less a gossip interval)."""
-        if self._watched_at is not None and now - self._watched_at > frozen_after:
-            self._frozen = True
-            if self._sleep is not None:
-                self._sleep.deadline = now  # step down before anything else
-        self._watched_at = now
         self._frozen_after = frozen_after
+        if self._watched_at is not None and now - self._watched_at > frozen_after:
+            # Left as it was, for the actor to see the gap and step down before anything else.
+            if self._sleep is not None:
+                self._sleep.deadline = now
+            return
+        self._watched_at = now
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -261,14 +261,11 @@ class SemaphoreActor:
         waited), drop this node's share and serve nothing: acting on state the others took
         over meanwhile would expire peers renewed elsewhere, grant from stale queues, and give
         tokens below theirs. The watch sees the step-down (`freezes`) and rejoins, pulling."""
-        if self._watched_at is None:
-            return
-        if not self._frozen and now - self._watched_at <= self._frozen_after:
+        if self._watched_at is None or now - self._watched_at <= self._frozen_after:
             return
         log.warning(
             "Frozen for %.1f s: serving nothing until this node rejoins.", now - self._watched_at
         )
-        self._frozen = False
         self._watched_at = now
         self.freezes += 1
         self._core.change_members({}, now, 0, majority=False)

@@ -73,13 +73,14 @@ class ShardNetwork:
         only: list[str] | None = None,
         sees: list[str] | None = None,
         majority: bool = True,
+        left: tuple[str, ...] = (),
     ) -> None:
         """Every live node (or those in `only`) learns the current members (or that only
-        those in `sees` are alive)."""
+        those in `sees` are alive; that those in `left` said goodbye)."""
         self.epoch += 1
         members = {n: g for n, g in self.generations.items() if sees is None or n in sees}
         for node_id in only or list(self.nodes):
-            self.nodes[node_id].change_members(members, self.now, self.epoch, cold, majority)
+            self.nodes[node_id].change_members(members, self.now, self.epoch, cold, majority, left)
             self.collect(node_id)
 
     def partition(self, *sides: list[str]) -> None:

@@ -192,18 +192,24 @@ def test_a_restore_refused_by_an_owner_that_has_not_seen_the_change_yet_is_sent_
     assert net.acquire(late, "D", 2) is False
 
 
-def test_peers_of_a_dead_home_are_taken_over_from_its_replica():
-    net = ShardNetwork(CONFIG, NODES)
+def _holder_whose_home_departs(net: ShardNetwork, left: bool) -> int:
+    """A peer holding B whose home (A's owner) dies, or leaves gracefully, after a replica."""
     victim = net.owner("A").node_id
     peer = net.new_peer(victim)
     assert net.acquire(peer, "B") is True
     net.send_replicas()
     net.deliver_all()
     net.kill(victim)
-    net.change_members()
+    net.change_members(left=(victim,) if left else ())
     net.deliver_all()
+    assert net.home(peer).node_id != victim
+    return peer
+
+
+def test_peers_of_a_dead_home_are_taken_over_from_its_replica():
+    net = ShardNetwork(CONFIG, NODES)
+    peer = _holder_whose_home_departs(net, left=False)
     home = net.home(peer)
-    assert home.node_id != victim
     assert home.has_peer(peer)
     assert net.acquired("B") == 1
     # The replica may be behind: until its client restores it, the peer is unknown to it.
@@ -429,17 +435,7 @@ def test_peers_of_a_home_that_left_gracefully_are_not_provisional():
     """A member that said goodbye replicated everything first: its successor serves its peers
     at once, with no restore (a rolling restart goes unnoticed by clients)."""
     net = ShardNetwork(CONFIG, NODES)
-    victim = net.owner("A").node_id
-    peer = net.new_peer(victim)
-    assert net.acquire(peer, "B") is True
-    net.send_replicas()
-    net.deliver_all()
-    net.kill(victim)
-    net.epoch += 1
-    for node_id, node in net.nodes.items():
-        node.change_members(dict(net.generations), net.now, net.epoch, left=[victim])
-        net.collect(node_id)
-    net.deliver_all()
+    peer = _holder_whose_home_departs(net, left=True)
     home = net.home(peer)
     assert home.is_acquired(peer)
     assert net.acquired("B") == 1
