@@ -91,14 +91,15 @@ def remainder(node: NodeProcess, semaphore: str) -> int | None:
 
 
 def acquire(node: NodeProcess, peer: int, semaphore: str) -> bool:
+    """Acquire, waiting up to 10 s (a node that joined late grants nothing during its grace)."""
     request = urllib.request.Request(
-        f"{node.url}/peers/{peer}/{semaphore}",
+        f"{node.url}/peers/{peer}/{semaphore}?block_for=10s",
         data=b"1",
         method="PUT",
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status == 200  # 202: pending
+    with urllib.request.urlopen(request, timeout=20) as response:
+        return response.status == 200  # 202: still pending
 
 
 def test_a_node_that_wakes_from_a_freeze_steps_down_before_it_acts_and_rejoins(cluster):
