@@ -5,7 +5,12 @@ records the admission) or sorry, with what remains and how long until `n` could 
 records an admission decided elsewhere (gossip mode: another node's "go", possibly late and out
 of order) and returns how much it puts the key beyond the algorithm's rule (the overshoot that
 gossip allowed). `idle_at` says when a state is as good as new (its key can be evicted).
-`values` and `from_values` carry a state to another node (hand-over and replicas).
+`values` and `from_values` carry a state to another node (hand-over).
+
+`spent(at)` is a state whose whole allowance went at `at`: where a key starts when its owner
+failed, since whatever the owner admitted until then went with it (docs/rate_limits.md). Before
+`at` it admits nothing. `merge(a, b)` is a state at least as spent as either: two accounts of
+one key (a hand-over and what a node learnt otherwise) become the stricter one.
 
 * `TokenBucket(capacity, rate)`: over any interval of t seconds, at most capacity + rate x t.
 * `FixedWindow(limit, window)`: at most `limit` per window; windows are aligned to multiples of
@@ -62,9 +67,19 @@ class TokenBucket:
     def from_values(self, values: tuple[float, ...]) -> _BucketState:
         return _BucketState(values[0], values[1])
 
+    def spent(self, at: float) -> _BucketState:
+        return _BucketState(0.0, at)
+
+    def merge(self, a: _BucketState, b: _BucketState) -> _BucketState:
+        stamp = max(a.stamp, b.stamp)
+        return _BucketState(min(self._tokens_at(a, stamp), self._tokens_at(b, stamp)), stamp)
+
+    def _tokens_at(self, state: _BucketState, at: float) -> float:
+        return min(self.capacity, state.tokens + max(0.0, at - state.stamp) * self.rate)
+
     def _refill(self, state: _BucketState, now: float) -> None:
         if now > state.stamp:
-            state.tokens = min(self.capacity, state.tokens + (now - state.stamp) * self.rate)
+            state.tokens = self._tokens_at(state, now)
             state.stamp = now
 
     def check(self, state: _BucketState, n: int, now: float) -> Decision:
@@ -72,7 +87,9 @@ class TokenBucket:
         if state.tokens >= n:
             state.tokens -= n
             return Decision(True, math.floor(state.tokens), 0.0)
-        return Decision(False, max(0, math.floor(state.tokens)), (n - state.tokens) / self.rate)
+        # A spent state stamped later than now refills from its stamp only.
+        wait = max(0.0, state.stamp - now) + (n - state.tokens) / self.rate
+        return Decision(False, max(0, math.floor(state.tokens)), wait)
 
     def consume(self, state: _BucketState, n: int, at: float) -> float:
         self._refill(state, at)
@@ -114,6 +131,23 @@ class _Windows:
     def from_values(self, values: tuple[float, ...]) -> _WindowState:
         state = _WindowState(values[0])
         state.count, state.previous = int(values[1]), int(values[2])
+        return state
+
+    def spent(self, at: float) -> _WindowState:
+        state = _WindowState(self._start_of(at))
+        state.count = self.limit
+        return state
+
+    def merge(self, a: _WindowState, b: _WindowState) -> _WindowState:
+        later, earlier = (a, b) if a.start >= b.start else (b, a)
+        state = _WindowState(later.start)
+        if later.start == earlier.start:
+            state.count = max(a.count, b.count)
+            state.previous = max(a.previous, b.previous)
+        else:
+            state.count = later.count
+            just_before = later.start - earlier.start < 1.5 * self.window
+            state.previous = max(later.previous, earlier.count if just_before else 0)
         return state
 
 
@@ -168,6 +202,20 @@ class SlidingLog:
     def from_values(self, values: tuple[float, ...]) -> _LogState:
         state = _LogState()
         state.times = sorted(values)[-self.limit :]
+        return state
+
+    def spent(self, at: float) -> _LogState:
+        state = _LogState()
+        state.times = [at] * self.limit
+        return state
+
+    def merge(self, a: _LogState, b: _LogState) -> _LogState:
+        # The k-th latest admission of the result is the later of the two k-th latest ones.
+        longer, shorter = (a.times, b.times) if len(a.times) >= len(b.times) else (b.times, a.times)
+        offset = len(longer) - len(shorter)
+        state = _LogState()
+        latest = [max(x, y) for x, y in zip(longer[offset:], shorter, strict=True)]
+        state.times = longer[:offset] + latest
         return state
 
     def _live(self, state: _LogState, now: float) -> int:
@@ -284,6 +332,12 @@ class Gcra:
 
     def from_values(self, values: tuple[float, ...]) -> _GcraState:
         return _GcraState(values[0])
+
+    def spent(self, at: float) -> _GcraState:
+        return _GcraState(at + self._tolerance)
+
+    def merge(self, a: _GcraState, b: _GcraState) -> _GcraState:
+        return _GcraState(max(a.tat, b.tat))
 
     def check(self, state: _GcraState, n: int, now: float) -> Decision:
         tat = max(state.tat, now) + n / self.rate

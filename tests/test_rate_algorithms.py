@@ -44,32 +44,57 @@ def run(algorithm, sequence, start=1000.0):
     return admitted, decisions
 
 
+def keeps_its_rule(algorithm, admitted):
+    """Assert that the admitted (time, weight) pairs of one key keep `algorithm`'s promise."""
+    admitted = sorted(admitted)
+    if isinstance(algorithm, SlidingLog):
+        times = [at for at, n in admitted for _ in range(n)]
+        for first, last in zip(times, times[algorithm.limit :], strict=False):
+            assert last - first > algorithm.window
+    elif isinstance(algorithm, TokenBucket | Gcra):
+        capacity, rate = (
+            (algorithm.capacity, algorithm.rate)
+            if isinstance(algorithm, TokenBucket)
+            else (algorithm.burst, algorithm.rate)
+        )
+        for i, (start, _) in enumerate(admitted):
+            total = 0
+            for at, n in admitted[i:]:
+                total += n
+                assert total <= capacity + rate * (at - start)
+    else:
+        limit, window = algorithm.limit, algorithm.window
+        per_window: dict[int, int] = {}
+        for at, n in admitted:
+            index = math.floor(at / window)
+            per_window[index] = per_window.get(index, 0) + n
+        assert max(per_window.values(), default=0) <= limit
+        if isinstance(algorithm, SlidingWindowCounter):
+            # Its own rule, from the history: at each admission, the previous window's count
+            # weighted by its overlap with the sliding window, plus the current window's.
+            for at, _ in admitted:
+                start = math.floor(at / window) * window
+                current = sum(n for t, n in admitted if start <= t <= at)
+                previous = sum(n for t, n in admitted if start - window <= t < start)
+                assert previous * (1 - (at - start) / window) + current <= limit + 1e-9
+
+
 @given(limits, windows, requests)
 def test_the_sliding_log_never_admits_k_plus_1_within_its_window(k, tau, sequence):
-    admitted, _ = run(SlidingLog(k, tau), sequence)
-    times = [at for at, n in admitted for _ in range(n)]
-    for first, last in zip(times, times[k:], strict=False):
-        assert last - first > tau
+    algorithm = SlidingLog(k, tau)
+    keeps_its_rule(algorithm, run(algorithm, sequence)[0])
 
 
 @given(limits, windows, requests)
 def test_a_fixed_window_never_admits_more_than_its_limit_in_one_window(limit, window, sequence):
-    admitted, _ = run(FixedWindow(limit, window), sequence)
-    per_window: dict[int, int] = {}
-    for at, n in admitted:
-        index = math.floor(at / window)
-        per_window[index] = per_window.get(index, 0) + n
-    assert max(per_window.values(), default=0) <= limit
+    algorithm = FixedWindow(limit, window)
+    keeps_its_rule(algorithm, run(algorithm, sequence)[0])
 
 
 @given(limits, rates, requests)
 def test_a_token_bucket_never_admits_more_than_capacity_plus_rate_times_t(capacity, rate, seq):
-    admitted, _ = run(TokenBucket(capacity, rate), seq)
-    for i, (start, _) in enumerate(admitted):
-        total = 0
-        for at, n in admitted[i:]:
-            total += n
-            assert total <= capacity + rate * (at - start)
+    algorithm = TokenBucket(capacity, rate)
+    keeps_its_rule(algorithm, run(algorithm, seq)[0])
 
 
 @given(limits, rates, requests)
@@ -86,19 +111,9 @@ def test_gcra_decides_exactly_as_the_token_bucket_it_models(burst, rate, sequenc
 def test_the_sliding_window_counter_keeps_each_window_and_any_window_span_bounded(
     limit, window, sequence
 ):
-    admitted, _ = run(SlidingWindowCounter(limit, window), sequence)
-    per_window: dict[int, int] = {}
-    for at, n in admitted:
-        index = math.floor(at / window)
-        per_window[index] = per_window.get(index, 0) + n
-    assert max(per_window.values(), default=0) <= limit
-    # Its own rule, from the history: at each admission, the previous window's count weighted
-    # by its overlap with the sliding window, plus the current window's, is within the limit.
-    for at, _ in admitted:
-        start = math.floor(at / window) * window
-        current = sum(n for t, n in admitted if start <= t <= at)
-        previous = sum(n for t, n in admitted if start - window <= t < start)
-        assert previous * (1 - (at - start) / window) + current <= limit + 1e-9
+    algorithm = SlidingWindowCounter(limit, window)
+    admitted, _ = run(algorithm, sequence)
+    keeps_its_rule(algorithm, admitted)
     # Approximate, but never more than twice the limit in any span of one window.
     for i, (start, _) in enumerate(admitted):
         assert sum(n for at, n in admitted[i:] if at < start + window) <= 2 * limit
@@ -228,3 +243,64 @@ def test_a_state_carried_to_another_node_decides_the_same(make, limit, rate, win
     for step in range(1, 20):
         later = now + step * 0.1
         assert algorithm.check(carried, 1, later) == algorithm.check(state, 1, later)
+
+
+@pytest.mark.parametrize("make", ALGORITHMS, ids=["bucket", "gcra", "fixed", "log", "counter"])
+@settings(max_examples=150)
+@given(
+    limit=limits,
+    rate=rates,
+    window=windows,
+    before=requests,
+    after=requests,
+    known=st.integers(0, 120),
+    overlap=st.integers(0, 400),
+)
+def test_a_key_that_starts_spent_keeps_the_rule_whatever_its_failed_owner_admitted(
+    make, limit, rate, window, before, after, known, overlap
+):
+    """The failed owner decided `before` until `at`; the new owner knew the first `known` of
+    those requests (an older account of the key) and starts from it merged with `spent(at)`.
+    Its requests may come before `at` too, among the old owner's last ones. Together, what
+    both admitted keeps the rule."""
+    algorithm = make(limit, rate, window)
+    admitted_before, decisions = run(algorithm, before)
+    at = decisions[-1][0]
+    older, _ = _state_after(algorithm, before[:known])
+    state = algorithm.merge(older, algorithm.spent(at))
+    now = 1000.0 + overlap * TICK
+    admitted_after = []
+    for gap, n in after:
+        now += gap * TICK
+        n = min(n, algorithm.max_weight)
+        if algorithm.check(state, n, now).go:
+            assert now >= at  # nothing before the old owner's last moment
+            admitted_after.append((now, n))
+    keeps_its_rule(algorithm, admitted_before + admitted_after)
+
+
+@pytest.mark.parametrize("make", ALGORITHMS, ids=["bucket", "gcra", "fixed", "log", "counter"])
+@settings(max_examples=100)
+@given(limit=limits, rate=rates, window=windows, sequence=requests, known=st.integers(0, 120))
+def test_merging_an_older_account_of_a_key_into_a_newer_one_changes_nothing(
+    make, limit, rate, window, sequence, known
+):
+    algorithm = make(limit, rate, window)
+    older, _ = _state_after(algorithm, sequence[:known])
+    newer, now = _state_after(algorithm, sequence)
+    for merged in (algorithm.merge(older, newer), algorithm.merge(newer, older)):
+        assert algorithm.values(merged) == algorithm.values(newer) or all(
+            algorithm.check(_copy(algorithm, merged), 1, now + step * 0.1)
+            == algorithm.check(_copy(algorithm, newer), 1, now + step * 0.1)
+            for step in range(20)
+        )
+
+
+def _state_after(algorithm, sequence, start=1000.0):
+    """The state of a key after `sequence` (as `run` feeds it), and the time of its last request."""
+    now = start
+    state = algorithm.new_state(now)
+    for gap, n in sequence:
+        now += gap * TICK
+        algorithm.check(state, min(n, algorithm.max_weight), now)
+    return state, now
