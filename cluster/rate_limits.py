@@ -2,10 +2,10 @@
 
 A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a weight
 n. In `exact` mode the key's owner on the ring decides alone, so nothing is admitted beyond the
-algorithm's rule. Owners send the state of the keys that changed to the keys' successors on the
-ring (replicas), and hand a key's state to its new owner when the members change, so a key
-survives its owner: only what an owner admitted in its last replication interval before a crash
-can be missing at its successor.
+algorithm's rule. An owner hands a key's state to its new owner when the members change (a node
+joins, or it leaves). An owner that fails takes what it admitted with it: a `Takeover` records
+that its keys start spent (`Algorithm.spent`) wherever they are decided next. No copy kept
+elsewhere could do better, since the owner may have spent what was left after its last copy.
 
 In `gossip` mode the node a client talks to decides at once, from its own admissions plus those
 its peers gossip: each "go" becomes a `RateEvent` that goes to every other member, and a node
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidWeight, UnknownLimiter
 from .rate_algorithms import ALGORITHMS, Algorithm, Decision
+from .ring import Ring, rate_key
 
 MODES = ("exact", "gossip")
 
@@ -103,7 +104,7 @@ class RateEvents:
 
 @dataclass(frozen=True, slots=True)
 class RateState:
-    """One key's state, on its way to a replica or a new owner (the algorithm's `values`)."""
+    """One key's state, on its way to its new owner (the algorithm's `values`)."""
 
     limiter: str
     key: str
@@ -116,6 +117,21 @@ class RateStates:
 
 
 @dataclass(frozen=True, slots=True)
+class Takeover:
+    """`owner` stopped deciding its exact-mode keys by `at` without handing them over (it
+    failed). What it admitted is unknown, so each of its keys starts spent at `at` wherever it
+    is decided next. Its keys: those for which it is among the first `depth` members of the
+    ring of `members`. A member seen failing owned its keys on that ring (`depth` 1); one not
+    seen since an outage may have owned a key on the ring of any majority it was part of, and
+    those keys are the ones for which it comes before all but a majority of the members."""
+
+    owner: str
+    members: tuple[str, ...]
+    at: float
+    depth: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class RatePull:
     """From a node that joined (or came back to a majority): send me the exact-mode keys I own
     now, and decide them no more."""
@@ -123,10 +139,15 @@ class RatePull:
 
 @dataclass(frozen=True, slots=True)
 class RateHandoff:
-    """The answer to `RatePull`: every state (own or replica) of the keys the puller owns; the
-    sender decides none of them any more."""
+    """The answer to `RatePull`: the states of the keys the puller owns, which the sender
+    decides no more, and the takeovers the sender knows of (the puller may have missed the
+    failures, or been one). `accounted`: the members the sender counts down whose keys those
+    takeovers cover (or covered, long enough ago to matter no more); empty while the sender
+    itself is not sure (no majority, or members it has not heard of since it got one)."""
 
     states: tuple[RateState, ...]
+    takeovers: tuple[Takeover, ...]
+    accounted: tuple[str, ...]
 
 
 @dataclass
@@ -156,10 +177,17 @@ class RateLimits:
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
-        # Exact mode: keys whose state changed since they were last replicated, and the
-        # replicas this node keeps for other owners.
-        self._changed: set[tuple[str, str]] = set()
-        self._replicas: dict[tuple[str, str], object] = {}
+        # Exact mode: failed owners whose keys start spent, by (owner, members), with their ring;
+        # kept until a key spent then would be as good as new.
+        self._takeovers: dict[tuple[str, tuple[str, ...], int], tuple[Takeover, Ring]] = {}
+        self._horizon = max(
+            (
+                algorithm.idle_at(algorithm.spent(0.0))
+                for name, algorithm in self._algorithms.items()
+                if self._modes[name] == "exact"
+            ),
+            default=0.0,
+        )
 
     @property
     def names(self) -> list[str]:
@@ -189,12 +217,9 @@ class RateLimits:
         if state is None:
             state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
-        if decision.go:
-            if self._modes[limiter] == "gossip":
-                self._seq += 1
-                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
-            else:
-                self._changed.add((limiter, key))
+        if decision.go and self._modes[limiter] == "gossip":
+            self._seq += 1
+            self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
         if tally:
             stats = self.stats[limiter]
             if decision.go:
@@ -217,54 +242,65 @@ class RateLimits:
         self.tally(limiter, False)
         return Decision(False, 0, retry_after)
 
-    # -- exact mode: replicas and hand-over ----------------------------------------------------
-
-    def changed_keys(self) -> list[tuple[str, str]]:
-        """Exact-mode keys whose state changed since the last call (to replicate)."""
-        changed, self._changed = list(self._changed), set()
-        return [key for key in changed if key in self._states]
+    # -- exact mode: hand-over and takeovers ----------------------------------------------------
 
     def held_keys(self) -> list[tuple[str, str]]:
-        """Every exact-mode key whose state this node keeps as its own."""
+        """Every exact-mode key whose state this node keeps."""
         return [key for key in self._states if self._modes[key[0]] == "exact"]
 
-    def replica_keys(self) -> list[tuple[str, str]]:
-        return list(self._replicas)
-
-    def drop_exact(self) -> None:
-        """Forget every exact-mode state and replica: this node lost its majority, whose side
-        may give its keys to other owners meanwhile. It pulls them back when it rejoins."""
-        for key in self.held_keys():
-            del self._states[key]
-        self._replicas.clear()
-        self._changed.clear()
-
     def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
-        """The states of `keys` (from this node's own or, failing that, its replicas), to send;
-        `drop` forgets them here (handed over to their new owner)."""
+        """The states of `keys`, to send; `drop` forgets them here (handed over to their new
+        owner)."""
         states = []
         for key in keys:
             state = self._states.pop(key, None) if drop else self._states.get(key)
-            if state is None:
-                state = self._replicas.pop(key, None) if drop else None
             if state is not None:
                 algorithm = self._algorithms[key[0]]
                 states.append(RateState(key[0], key[1], algorithm.values(state)))
         return RateStates(tuple(states))
 
-    def store(self, message: RateStates | RateHandoff, owned) -> None:
-        """States from another node: kept as this node's own for the keys `owned(limiter, key)`
-        says it decides and has no state for, as replicas otherwise."""
-        for item in message.states:
+    def store(self, states: tuple[RateState, ...]) -> None:
+        """States handed over by another node, merged into what this node knows of each key."""
+        for item in states:
             algorithm = self._algorithms.get(item.limiter)
             if algorithm is None or self._modes[item.limiter] != "exact":
-                continue
+                continue  # configured differently there: nothing to merge
             key = (item.limiter, item.key)
             state = algorithm.from_values(item.values)
-            if owned(*key):
-                self._states.setdefault(key, state)
-            else:
-                self._replicas[key] = state
+            known = self._states.get(key)
+            if known is None:
+                spent_at = self._spent_at(item.limiter, item.key)
+                known = algorithm.spent(spent_at) if spent_at is not None else None
+            self._states[key] = algorithm.merge(known, state) if known is not None else state
+
+    def take_over(self, takeover: Takeover) -> None:
+        """`takeover.owner` failed: its keys start spent (see `Takeover`)."""
+        which = (takeover.owner, takeover.members, takeover.depth)
+        known = self._takeovers.get(which)
+        if known is None:
+            self._takeovers[which] = (takeover, Ring(takeover.members))
+        elif takeover.at > known[0].at:
+            self._takeovers[which] = (takeover, known[1])
+
+    def takeovers(self, now: float) -> tuple[Takeover, ...]:
+        """The takeovers that still matter at `now` (a key spent then is not as good as new)."""
+        return tuple(
+            takeover
+            for takeover, _ in self._takeovers.values()
+            if takeover.at + self._horizon > now
+        )
+
+    def _spent_at(self, limiter: str, key: str) -> float | None:
+        """The latest takeover of this key's owner at the time, if any."""
+        spent_at = None
+        hashed = None
+        for takeover, ring in self._takeovers.values():
+            if spent_at is not None and takeover.at <= spent_at:
+                continue
+            hashed = hashed or rate_key(limiter, key)
+            if takeover.owner in ring.preference_list(hashed, takeover.depth):
+                spent_at = takeover.at
+        return spent_at
 
     def take_events(self) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any."""
@@ -296,23 +332,22 @@ class RateLimits:
         ]
         for key in idle:
             del self._states[key]
-        for key in [
-            k for k, state in self._replicas.items() if self._algorithms[k[0]].idle_at(state) <= now
-        ]:
-            del self._replicas[key]
+        for which, (takeover, _) in list(self._takeovers.items()):
+            if takeover.at + self._horizon <= now:
+                del self._takeovers[which]
         return len(idle)
 
     def keys(self) -> int:
         return len(self._states)
 
-    def replicas(self) -> int:
-        return len(self._replicas)
+    def takeover_count(self) -> int:
+        return len(self._takeovers)
 
     def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            # A replica is what its late owner knew: the first decision here starts from it.
-            state = self._replicas.pop((limiter, key), None) or algorithm.new_state(now)
+            spent_at = self._spent_at(limiter, key) if self._modes[limiter] == "exact" else None
+            state = algorithm.new_state(now) if spent_at is None else algorithm.spent(spent_at)
             self._states[(limiter, key)] = state
         return state
 

@@ -15,6 +15,7 @@ from sluicegate.cluster.rate_limits import (
     RateState,
     RateStates,
     RateWait,
+    Takeover,
 )
 from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
 from sluicegate.cluster.semaphore_leases import SemaphoreRecord
@@ -86,7 +87,9 @@ LINK_CODEC = Codec(
         40: RateStates,
         41: RateChecks,
         42: RatePull,
-        43: RateHandoff,
+        # 43: retired (a hand-over without takeovers)
+        44: Takeover,
+        45: RateHandoff,
         **HANDSHAKE_MESSAGES,
     }
 )

@@ -507,6 +507,15 @@ class Links:
             while any(link.connected and not link.idle for link in self._links.values()):
                 await trio.sleep(0.005)
 
+    async def acknowledged(self, remote_ids: list[str], timeout: float) -> bool:
+        """Wait until `remote_ids` acknowledged every message sent them, at most `timeout`;
+        whether they all did."""
+        with trio.move_on_after(timeout):
+            while any(self.link(remote_id).unacknowledged for remote_id in remote_ids):
+                await trio.sleep(0.005)
+            return True
+        return False
+
     def status(self) -> dict[str, bool]:
         """Which links are connected now, by remote node id."""
         return {remote_id: link.connected for remote_id, link in sorted(self._links.items())}

@@ -78,6 +78,14 @@ class MembershipActor:
         stop serving: across a partition, the other side takes its share over."""
         return 2 * len(self.live_members()) > len(self._membership.known_members())
 
+    def known_members(self) -> set[str]:
+        """Every member that has not said goodbye, alive or silent, this node included."""
+        return self._membership.known_members()
+
+    def heard_of_majority(self, within: float) -> bool:
+        """Has this node heard of most members (itself included) in the last `within` seconds?"""
+        return self._membership.heard_of_majority(self._clock(), within)
+
     def left_members(self) -> set[str]:
         """Members that left gracefully: they replicated everything before they said goodbye."""
         return self._membership.left_members()

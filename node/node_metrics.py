@@ -59,9 +59,9 @@ class RateLimitCollector(Collector):
             "sluicegate_rate_limit_keys", "Keys whose state this node keeps.", value=core.keys()
         )
         yield GaugeMetricFamily(
-            "sluicegate_rate_limit_replicas",
-            "Exact-mode keys this node keeps a replica of, for their owners.",
-            value=core.replicas(),
+            "sluicegate_rate_limit_takeovers",
+            "Failed owners whose exact-mode keys start spent here (until a window has passed).",
+            value=core.takeover_count(),
         )
 
 

@@ -1,14 +1,19 @@
 """Where a rate-limit check is decided, and the callers that wait for a key.
 
 * `exact` mode: the owner of (limiter, key) on the ring decides; other nodes forward the check
-  there (it crosses one link). On a single node, this node owns every key. Every
-  `gossip_interval`, the keys that changed go to their successors on the ring (replicas), which
-  start from them when they come to decide those keys; when the members change, keys a node no
-  longer owns go to their new owner. A node that joins (or gets its majority back, having
-  dropped its exact keys when it lost it) asks every member for the keys it owns now
-  (`RatePull`, again every interval) and decides no exact key before each answered
-  (`RateHandoff`, sent once that member counts it in and stops deciding them): so two nodes
-  never decide one key at once, and no decision of the old owner is lost.
+  there (it crosses one link), and decides only the keys its own ring gives it. On a single
+  node, this node owns every key. When the members change, keys a node no longer owns go to
+  their new owner; a node that leaves hands all of them over before its goodbye. A node that
+  joins (or gets its majority back) asks every member for the keys it owns now (`RatePull`,
+  again every interval) and decides no exact key before each answered (`RateHandoff`, sent once
+  that member counts it in and stops deciding them): so two nodes never decide one key at once,
+  and no decision of the old owner is lost.
+* A member that fails (counted down without a goodbye, or back as a new life) took its
+  decisions with it: every node records a `Takeover`, so that its keys start spent wherever
+  they are decided next, and hands its takeovers to joiners. So does a majority that forms
+  after an outage for a member it does not hear of. An owner stops deciding once it has not
+  heard of a majority for `down_after` less a gossip interval, before the others can count it
+  down and take its keys over.
 * `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
   every other member, which apply them to their copies (`cluster/rate_limits.py`).
 * `wait`: queue for the key, first come first served, at the node that decides, until go or
@@ -41,8 +46,9 @@ from sluicegate.cluster.rate_limits import (
     RatePull,
     RateStates,
     RateWait,
+    Takeover,
 )
-from sluicegate.cluster.ring import rate_key
+from sluicegate.cluster.ring import Ring, rate_key
 
 from .links import Links
 from .membership_actor import MembershipActor
@@ -90,14 +96,31 @@ class RateLimitService:
         # before it takes any exact key as its own.
         self._members_known = False
         self._known_at = 0.0
+        # An owner decides exact keys only while it heard of a majority this recently.
+        self._heard_within = 0.0
+        # The members (and their generations) as of the last look, None out of the majority.
+        self._members: dict[str, int] | None = None
+        self._ring_seen = None
+        self._leaving = False
+        # Members awaited but not heard of until then count as failed (see `_look`).
+        self._unseen_until = 0.0
+        self._settle = 0.0
 
     def join_cluster(
-        self, membership: MembershipActor, rpc: Rpc, links: Links, settle: float
+        self,
+        membership: MembershipActor,
+        rpc: Rpc,
+        links: Links,
+        settle: float,
+        heard_within: float,
     ) -> None:
         """From now on, exact-mode keys are decided by their owners (after `settle` seconds to
-        learn who they are), and gossip is shared."""
+        learn who they are, and while they heard of a majority within `heard_within`), and
+        gossip is shared."""
         self._membership, self._rpc, self._links = membership, rpc, links
         self._known_at = trio.current_time() + settle
+        self._settle = settle
+        self._heard_within = heard_within
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -127,8 +150,7 @@ class RateLimitService:
 
     async def serve(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` here (also for another node that forwarded it)."""
-        if self._membership is not None and self.core.mode(op.limiter) == "exact":
-            self._refuse_until_handed_over()
+        self._refuse_unless_decided_here(op)
         if isinstance(op, RateCheck):
             return self.check_here(op)
         if isinstance(op, RateChecks):
@@ -143,34 +165,76 @@ class RateLimitService:
         """Forget idle keys now and then; in a cluster, share this node's "go" events."""
         task_status.started()
         next_eviction = trio.current_time() + EVICT_INTERVAL
-        members: frozenset[str] | None = None
         while True:
             await trio.sleep(self._gossip_interval)
             if self._membership is not None and trio.current_time() >= self._known_at:
                 self._members_known = True
-                majority = self._membership.in_majority()
-                if self._majority and not majority:
-                    self.core.drop_exact()
-                    members = None  # rejoin when the majority is back
-                self._majority = majority
-                now_members = frozenset(self._membership.live_members())
-                if majority and now_members != members:  # joined, or a member came or went
-                    if members is None:
-                        self._awaiting = set(now_members) - {self._membership.node_id}
-                    self._awaiting &= now_members  # one that died answers no more
-                    members = now_members
-                    self._hand_over()
+                self._look()
                 for node_id in sorted(self._awaiting):
                     self._links.send(node_id, RatePull())
-                self._replicate()
             self._share_events()
             if trio.current_time() >= next_eviction:
                 self.core.evict(self._clock())
                 next_eviction = trio.current_time() + EVICT_INTERVAL
 
+    def _look(self) -> None:
+        """Take in what changed among the members since the last look: the keys of members
+        that failed start spent, and keys go to the members that own them now. A node back in
+        a majority (or joining) pulls its keys from every member before it decides any."""
+        membership, me, now = self._membership, self._membership.node_id, self._clock()
+        self._ring_seen = membership.ring
+        if not membership.in_majority():
+            # It keeps its states: whoever decided its keys meanwhile hands them back to it,
+            # at least as spent, and the two accounts merge.
+            self._majority = False
+            self._members = None
+            return
+        self._majority = True
+        generations = membership.generations()
+        before = self._members
+        if before is None:
+            self._awaiting = membership.known_members() - {me}
+            self._unseen_until = trio.current_time() + self._settle
+        else:
+            members = tuple(sorted(before))
+            left = membership.left_members()
+            for node_id, generation in before.items():
+                if node_id != me and node_id not in left and generations.get(node_id) != generation:
+                    # Failed, or a new life: it answers no pull from now on.
+                    self.core.take_over(Takeover(node_id, members, now))
+                    self._awaiting.discard(node_id)
+        unseen = self._awaiting - set(generations)
+        if unseen and trio.current_time() >= self._unseen_until:
+            # Members not heard of since this majority formed (after an outage, or a partition
+            # while another failed) have stopped deciding by now, having heard of no majority
+            # for as long; they may have been deciding their keys until then, on the ring of
+            # any majority they were in.
+            known = tuple(sorted(membership.known_members()))
+            depth = len(known) - (len(known) // 2 + 1) + 1
+            for node_id in sorted(unseen):
+                self.core.take_over(Takeover(node_id, known, now, depth))
+            self._awaiting -= unseen
+        self._members = generations
+        if before is None or set(before) != set(generations):
+            self._hand_over()
+
+    async def leave(self, timeout: float) -> None:
+        """This node is about to say goodbye: it decides no exact key from now on, and hands
+        each over to the member that owns it without this node. The goodbye must not overtake
+        the keys (their new owners would start them afresh), so this waits, at most `timeout`,
+        until the owners acknowledged them."""
+        self._leaving = True
+        if self._membership is None:
+            return
+        me = self._membership.node_id
+        ring = Ring([node_id for node_id in self._membership.live_members() if node_id != me])
+        owners = self._send_to_owners(self.core.held_keys(), ring)
+        if not await self._links.acknowledged(owners, timeout):
+            log.warning("Leaving before every key handed over was acknowledged.")
+
     def store(self, message: RateStates) -> None:
-        """Key states from another node: handed over to this one, or replicas."""
-        self.core.store(message, self._owned)
+        """Key states handed over by another node (the members changed, or it leaves)."""
+        self.core.store(message.states)
 
     def pulled(self, node_id: str) -> None:
         """`node_id` joined and asks for the keys it owns now: once this node counts it as a
@@ -178,17 +242,25 @@ class RateLimitService:
         more. Until then it asks again."""
         if self._membership is None or node_id not in self._membership.live_members():
             return
+        if self._members is not None and self._membership.ring is not self._ring_seen:
+            self._look()  # a new life of `node_id` makes its old one's keys start spent
         ring = self._membership.ring
-        keys = [
-            key
-            for key in self.core.held_keys() + self.core.replica_keys()
-            if ring.owner(rate_key(*key)) == node_id
-        ]
-        self._links.send(node_id, RateHandoff(self.core.export(keys, drop=True).states))
+        keys = [key for key in self.core.held_keys() if ring.owner(rate_key(*key)) == node_id]
+        states = self.core.export(keys, drop=True).states
+        takeovers = self.core.takeovers(self._clock())
+        live = set(self._membership.generations())
+        accounted = ()
+        if self._members is not None and not self._awaiting - live:
+            accounted = tuple(sorted(self._membership.known_members() - live))
+        self._links.send(node_id, RateHandoff(states, takeovers, accounted))
 
     def handed_over(self, node_id: str, message: RateHandoff) -> None:
-        self.core.store(message, self._owned)
+        for takeover in message.takeovers:
+            self.core.take_over(takeover)
+        self.core.store(message.states)
         self._awaiting.discard(node_id)
+        # Members this node has not heard of, whose failure a member sure of it accounted for.
+        self._awaiting -= set(message.accounted) - set(self._membership.live_members())
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -211,9 +283,28 @@ class RateLimitService:
         self._refuse_until_handed_over()
         return None
 
+    def _refuse_unless_decided_here(self, op: RateOperation) -> None:
+        """Raise `Unavailable` unless this node decides `op` now. A node that forwarded it may
+        see other members than this one does for a moment: an owner by its ring only would
+        decide a key beside its owner by this one's."""
+        if self._owner(op) is not None:
+            raise Unavailable("this key is decided by another node now; ask again")
+
     def _refuse_until_handed_over(self) -> None:
+        if self._leaving:
+            raise Unavailable("this node is leaving the cluster")
         if not self._members_known:
             raise Unavailable("this node is still joining the cluster")
+        if self._membership.ring is not self._ring_seen:
+            # The members changed since the last look: a failed member's keys start spent,
+            # and a node back in a majority pulls its keys, before anything is decided here.
+            self._look()
+        if self._members is None:
+            raise Unavailable("this node sees no majority of the members")
+        if not self._membership.heard_of_majority(self._heard_within):
+            # Soon the others may count this node down and take its keys over (spent from
+            # then on): it stops first, or both would decide them.
+            raise Unavailable("this node has not heard from most members lately")
         if self._awaiting:
             raise Unavailable("this node joined moments ago: its keys are on their way to it")
 
@@ -238,6 +329,7 @@ class RateLimitService:
                         me.turn = trio.Event()
                         await me.turn.wait()
                         continue
+                    self._refuse_unless_decided_here(op)  # the members may have changed
                     decision = self.core.check(op.limiter, op.key, op.n, self._clock(), tally=False)
                     if decision.go:
                         break
@@ -253,30 +345,22 @@ class RateLimitService:
         self.core.tally(op.limiter, decision.go)
         return decision
 
-    def _owned(self, limiter: str, key: str) -> bool:
-        return self._membership.ring.owner(rate_key(limiter, key)) == self._membership.node_id
-
     def _hand_over(self) -> None:
         """Keys this node kept that another member decides now go to it."""
-        ring, me = self._membership.ring, self._membership.node_id
+        self._send_to_owners(self.core.held_keys(), self._membership.ring)
+
+    def _send_to_owners(self, keys: list[tuple[str, str]], ring: Ring) -> list[str]:
+        """The states of the `keys` that `ring` gives another member go to it, and are decided
+        here no more; the members they went to."""
+        me = self._membership.node_id
         leaving: dict[str, list] = {}
-        for key in self.core.held_keys():
+        for key in keys:
             owner = ring.owner(rate_key(*key))
             if owner is not None and owner != me:
                 leaving.setdefault(owner, []).append(key)
         for owner, keys in leaving.items():
             self._links.send(owner, self.core.export(keys, drop=True))
-
-    def _replicate(self) -> None:
-        """The keys that changed here go to their successors, who take over if this node dies."""
-        ring, me = self._membership.ring, self._membership.node_id
-        by_successor: dict[str, list] = {}
-        for key in self.core.changed_keys():
-            owners = ring.preference_list(rate_key(*key), 2)
-            if len(owners) == 2 and owners[0] == me:
-                by_successor.setdefault(owners[1], []).append(key)
-        for successor, keys in by_successor.items():
-            self._links.send(successor, self.core.export(keys))
+        return list(leaving)
 
     def _share_events(self) -> None:
         if self._membership is None:

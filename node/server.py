@@ -83,6 +83,7 @@ async def run_node(
                     membership, semaphores, shard_actor = cluster
                     await shard_actor.stop_blocking()
                     await semaphores.hand_over(timeout=0.3)
+                    await rate_limits.leave(timeout=0.3)
                     await membership.leave()
                 stopping.set()
                 return
@@ -226,7 +227,14 @@ async def join_cluster(
     )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id
-    rate_limits.join_cluster(membership_actor, rpc, links, settle=cluster.down_after)
+    rate_limits.join_cluster(
+        membership_actor,
+        rpc,
+        links,
+        settle=cluster.down_after,
+        # As the freeze watch: stop before the others may count this node down.
+        heard_within=cluster.down_after - cluster.gossip_interval,
+    )
     app.join_cluster(semaphores, links)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:

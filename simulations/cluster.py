@@ -193,6 +193,7 @@ class SimNode:
             await self._actor.stop_blocking()
             await self._shard_actor.stop_blocking()
             await self.semaphores.hand_over(timeout=0.3)
+            await self.rate_limits.leave(timeout=0.3)
             await self.membership.leave()
         finally:
             for node_id in nodes:

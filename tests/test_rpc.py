@@ -15,7 +15,7 @@ from trio_websocket import wrap_client_stream, wrap_server_stream
 
 from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateChecks, RateHandoff, RatePull, RateState
+from sluicegate.cluster.rate_limits import RateChecks, RateHandoff, RatePull, RateState, Takeover
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -143,7 +143,11 @@ def test_rpc_messages_round_trip_through_the_link_codec():
         Reply(6, [Decision(True, 4, 0.0), Decision(False, 0, 0.25)]),
         Reply(7, Decision(True, 1, 0.0)),
         RatePull(),
-        RateHandoff((RateState("api", "u1", (3.5, 12.25)),)),
+        RateHandoff(
+            (RateState("api", "u1", (3.5, 12.25)),),
+            (Takeover("n1", ("n1", "n2", "n3"), 1.5e9, 2),),
+            ("n3",),
+        ),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
 
