@@ -45,9 +45,6 @@ DEFAULT_EXPIRES_IN = 30.0
 WAIT_SLICE = 20.0
 # Heartbeats of one peer on their way at once, at most (a beat is a third of an expiry).
 HEARTBEATS_IN_FLIGHT = 3
-# A heartbeat unanswered for a beat (this part of an expiry): the client leaves its node for
-# another, with two beats left before the peer may expire.
-STALLED_AFTER = 1 / 3
 
 
 @dataclass(eq=False)
@@ -330,21 +327,22 @@ class Client:
         """Every peer heartbeats at a third of its expiry (all of them in one frame), each
         until it is answered or its peer may have expired."""
         while True:
-            await trio.sleep(self._session.expires_in / 3)
-            now = trio.current_time()
+            beat = self._session.expires_in / 3
+            await trio.sleep(beat)
+            # Sent a beat ago or earlier (half a beat: beats are not to the float that far apart).
+            sent_before = trio.current_time() - beat / 2
             stalled = False
             for peer in list(self._session.peers.values()):
                 # A beat each time, even while earlier ones are on their way: with answers
                 # slower than a beat, waiting for them would space renewals out beyond expiry.
                 if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
                     self._nursery.start_soon(self._heartbeat, peer)
-                if peer.heartbeats_sent and now - peer.heartbeats_sent[0] >= STALLED_AFTER * (
-                    self._session.expires_in
-                ):
+                if peer.heartbeats_sent and peer.heartbeats_sent[0] < sent_before:
                     stalled = True
             if stalled:
                 # No answer for a beat: the node (as if paused) or its way to the peers' homes
-                # stalls, with the connection open; ask another node.
+                # stalls, with the connection open; ask another node, with two beats left
+                # before the peer may expire.
                 self._leave(self._connection)
 
     async def _heartbeat(self, peer: Peer) -> None:
