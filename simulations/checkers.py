@@ -267,11 +267,8 @@ def rate_limits(
     """Fixed-window limiters (limit L per aligned window of W seconds; every node agrees on
     the windows). Goes are counted per window when their decision certainly fell in it.
 
-    Exact mode: at most L goes per window and key, but for what docs/rate_limits.md allows: an
-    owner that crashes (or leaves) may have admitted, in its last `rate_gossip_interval` g,
-    goes its successor's replica misses, which the successor admits again. So a window in which
-    a node's life ended may hold L plus every go that may have been decided in the g (and a
-    little) before it ended.
+    Exact mode: at most L goes per window and key, whatever fails (a key whose owner failed
+    starts spent at its new owner).
 
     Gossip mode, against docs/rate_limits.md's bound C + rho x t + (N - 1) x (C + rho x (g + d))
     (C = L, and within an aligned window nothing refills, so rho x t drops out):
@@ -287,7 +284,6 @@ def rate_limits(
     violations = []
     limiters = config.rate_limits
     g = config.cluster.rate_gossip_interval
-    departures = [e.at for e in history.events if e.kind == "down"]
     lives = _node_lives(history.events)
     sends = history.rate
     for (limiter, key), mine in _group(sends).items():
@@ -297,16 +293,11 @@ def rate_limits(
         if settings.mode == "exact":
             for index, goes in sorted(certain.items()):
                 start = index * window
-                allowed = limit + sum(
-                    _possible_goes(mine, at - g - GOSSIP_SLACK, at)
-                    for at in departures
-                    if start - g <= at < start + window
-                )
                 total = sum(go.n for go in goes)
-                if total > allowed:
+                if total > limit:
                     violations.append(
                         f"[rate-exact] {start + window:.4f}: {limiter} {key!r} admitted "
-                        f"{total} > {allowed} in the window from {start:g} s"
+                        f"{total} > {limit} in the window from {start:g} s"
                     )
             continue
         for index, goes in sorted(certain.items()):

@@ -17,20 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SEEDS = 200
 # Seeds of that sweep run again in another process, one at a time: the same trace hashes.
 REPLAYED = 20
-# Seeds of the sweep that fail, found by the simulations and not fixed yet. The sweep must fail
-# exactly these: a new failure, or a fix, shows. What fails them (issue 6, third session; README's
-# simulations section and simulations/regressions.txt have a diagnosed seed of each class):
-# * an exact-mode rate limit beyond its limit across a partition (30 seeds): the cut-off owner
-#   decides until it notices, and its successor (or itself, back) starts from a replica without
-#   those decisions, with no grace period;
-# * a lease lost while its client heartbeats (47, 57): not diagnosed yet.
-OPEN = {
-    int(seed)
-    for seed in """
-8 22 23 26 42 45 46 47 49 57 65 69 79 87 100 112 116 117 118 123 125 126 132 133 140 147 154
-175 177 181 184 186
-""".split()
-}
+# Seeds of the sweep that fail, found by the simulations and not fixed yet (none since issue 6's
+# fourth session). The sweep must fail exactly these: a new failure, or a fix, shows; a seed
+# that fails goes here, diagnosed in simulations/regressions.txt, until it is fixed.
+OPEN: set[int] = set()
 
 
 def simulate(*args: str, timeout: float) -> subprocess.CompletedProcess:
