@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simulations.chaos import ChaosRun  # noqa: E402
 from simulations.planted import PLANTED  # noqa: E402
 from simulations.run import (  # noqa: E402
+    NODES,
     Outcome,
     log_nodes,
     quiet_node_logs,
@@ -50,6 +51,9 @@ def main() -> int:
     run.add_argument("--seed", type=int, help="this seed only")
     run.add_argument("--seeds-from", type=Path, help="the seeds a file lists, one per line")
     run.add_argument("--jobs", type=int, default=1, help="processes running seeds at once")
+    run.add_argument(
+        "--nodes", type=int, default=NODES, choices=(3, 5), help="nodes in the cluster (3 or 5)"
+    )
     run.add_argument("--trace", action="store_true", help="print the history of each run")
     run.add_argument("--hashes", action="store_true", help="print each seed's trace hash")
     run.add_argument("--until-caught", action="store_true", help="stop at the first violation")
@@ -103,7 +107,7 @@ def main() -> int:
     figures: Counter = Counter()
     checkers: Counter = Counter()
     started = time.monotonic()
-    for number, outcome in enumerate(_run_all(seeds, args.jobs), 1):
+    for number, outcome in enumerate(_run_all(seeds, args.jobs, args.nodes), 1):
         outcomes.append(outcome)
         faults.update(outcome.faults)
         figures.update(outcome.figures)
@@ -143,7 +147,8 @@ def main() -> int:
         print(f"\nseed {outcome.seed} (trace {outcome.trace_hash}):")
         for violation in outcome.violations[:5]:
             print(f"  {violation}")
-        print(f"  replay: python -m simulations run --seed {outcome.seed} --trace")
+        nodes = f" --nodes {args.nodes}" if args.nodes != NODES else ""
+        print(f"  replay: python -m simulations run --seed {outcome.seed}{nodes} --trace")
     if len(outcomes) == 1:
         print(f"trace hash  {outcomes[0].trace_hash}")
     return 1 if failures else 0
@@ -194,16 +199,16 @@ def _progress_line(line: str) -> None:
     print(f"\r  {line}", end="", file=sys.stderr, flush=True)
 
 
-def _run_all(seeds: Sequence[int], jobs: int) -> Iterator[Outcome]:
+def _run_all(seeds: Sequence[int], jobs: int, nodes: int) -> Iterator[Outcome]:
     """Outcomes as runs end: here, or in `jobs` processes (each seed is a process's whole
     trio run, so processes share nothing; they inherit PYTHONHASHSEED=0)."""
     if jobs <= 1:
-        yield from map(run_seed, seeds)
+        yield from (run_seed(seed, nodes) for seed in seeds)
         return
     with ProcessPoolExecutor(
         jobs, mp_context=get_context("spawn"), initializer=quiet_node_logs
     ) as pool:
-        for done in as_completed([pool.submit(run_seed, seed) for seed in seeds]):
+        for done in as_completed([pool.submit(run_seed, seed, nodes) for seed in seeds]):
             yield done.result()
 
 

@@ -6,6 +6,8 @@ whole again (every node serving, every node agreeing on the members) before the 
 * `partition`: a node cut off from the other nodes, both ways (a minority of one: with three
   nodes that is the only split that leaves a majority).
 * `one_way`: a node's packets to the other nodes are lost, theirs to it arrive.
+* `split` (five nodes or more): a minority of the nodes, the victim among them, cut off from
+  the majority, both ways.
 * `client_cut`: a client cut off from every node.
 * `delay`: everything to and from a node takes 50 to 500 ms.
 * `clog`: two or three of the links between nodes stall (bytes wait, connections stay up), then
@@ -145,6 +147,17 @@ class Injector:
         await self._wait(lasting)
         self.network.heal()
 
+    async def _split(self, victim: str, lasting: float) -> None:
+        others = self._others(victim)
+        minority = [victim, *self.rng.sample(others, len(self.cluster.ids) // 2 - 1)]
+        self.history.note("split off " + ", ".join(sorted(minority)))
+        for a in minority:
+            for b in self.cluster.ids:
+                if b not in minority:
+                    self.network.cut(a, b)
+        await self._wait(lasting)
+        self.network.heal()
+
     async def _one_way(self, victim: str, lasting: float) -> None:
         for other in self._others(victim):
             self.network.cut(victim, other, both_ways=False)
@@ -167,16 +180,17 @@ class Injector:
             self.network.delay(victim, place, 0)
 
     async def _clog(self, victim: str, lasting: float) -> None:
-        """Links between nodes stall (the victim's, and maybe the third), then are released one
-        by one."""
-        links = [(victim, other) for other in self._others(victim)]
-        third = tuple(self._others(victim))
+        """Links between nodes stall (the victim's, and maybe one between two others), then are
+        released one by one."""
+        others = self._others(victim)
+        links = [(victim, other) for other in others]
         if self.rng.random() < 0.5:
-            links.append(third)
+            links.append(tuple(others) if len(others) == 2 else tuple(self.rng.sample(others, 2)))
         for a, b in links:
             self.network.hold(a, b)
         self.history.note("clogged " + ", ".join(f"{a}-{b}" for a, b in links))
-        everyone = len(links) == len(self.cluster.ids)
+        nodes = len(self.cluster.ids)
+        everyone = len(links) == nodes * (nodes - 1) // 2
         if everyone:  # no two nodes can talk: no majority anywhere, until a link is released
             self.history.outage(True)
         await self._wait(lasting)

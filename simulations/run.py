@@ -5,7 +5,7 @@ Everything random comes from `random.Random(seed)`, and trio's scheduler is seed
 `trio.testing.MockClock` jumping ahead whenever every task waits. The same seed on the same commit
 gives the same history, which `trace_hash` proves.
 
-A run: three nodes boot; four clients work (simulations/workload.py) for `DURATION` virtual
+A run: three nodes (or five) boot; four clients work (simulations/workload.py) for `DURATION` virtual
 seconds while faults of the kinds the seed enabled come one at a time (simulations/faults.py);
 then the fault in progress heals, the cluster must be whole again, the clients leave, and the
 cluster must settle: every semaphore's whole count free again and granted to a newcomer. The
@@ -54,7 +54,7 @@ takeover_grace = "2s"
 rate_gossip_interval = "50ms"
 """
 )
-NODES = 3
+NODES = 3  # or 5 (`run --nodes 5`): minority and majority splits
 CLIENTS = 4
 CLIENT_IDS = [f"c{number}" for number in range(CLIENTS)]
 DURATION = 30.0  # virtual seconds of workload
@@ -112,9 +112,9 @@ class Livelock(Exception):
     passes only when every task waits)."""
 
 
-def run_seed(seed: int) -> Outcome:
-    """Run the simulation of `seed` to its end (bounded in virtual time; and in real time, for
-    a livelock would never end: then the outcome says so)."""
+def run_seed(seed: int, nodes: int = NODES) -> Outcome:
+    """Run the simulation of `seed` on a cluster of `nodes` to its end (bounded in virtual
+    time; and in real time, for a livelock would never end: then the outcome says so)."""
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
@@ -125,7 +125,7 @@ def run_seed(seed: int) -> Outcome:
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER)
     try:
-        return trio.run(_simulate, seed, clock=clock)
+        return trio.run(_simulate, seed, nodes, clock=clock)
     except BaseException as error:
         if not _livelocked(error):
             raise
@@ -158,7 +158,12 @@ _running: list[History] = [History()]
 
 class _Cluster:
     def __init__(
-        self, network: SimNetwork, rng: random.Random, config: NodeConfig, history: History
+        self,
+        network: SimNetwork,
+        rng: random.Random,
+        config: NodeConfig,
+        history: History,
+        nodes: int,
     ) -> None:
         self.network = network
         self.rng = rng
@@ -166,7 +171,7 @@ class _Cluster:
         self.history = history
         self.nodes: dict[str, SimNode] = {}
         self._generations: Counter = Counter()
-        self.ids = [f"n{i}" for i in range(1, NODES + 1)]
+        self.ids = [f"n{i}" for i in range(1, nodes + 1)]
 
     async def start(self, nursery: trio.Nursery, node_id: str) -> SimNode:
         self._generations[node_id] += 1
@@ -218,11 +223,11 @@ class _Cluster:
         return "; ".join(views)
 
 
-async def _simulate(seed: int) -> Outcome:
+async def _simulate(seed: int, nodes: int) -> Outcome:
     rng = random.Random(seed)
     history = _running[0] = History()
     network = SimNetwork()
-    cluster = _Cluster(network, rng, CONFIG, history)
+    cluster = _Cluster(network, rng, CONFIG, history, nodes)
     resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(network.run)
@@ -235,6 +240,8 @@ async def _simulate(seed: int) -> Outcome:
         history.whole()
 
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
+        if nodes > 3 and rng.random() < 0.5:
+            kinds.append("split")  # with three nodes, a partition of one node is the split
         history.note("faults enabled: " + (", ".join(kinds) or "none"))
         injector = Injector(
             cluster,

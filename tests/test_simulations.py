@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SEEDS = 200
 # Seeds of that sweep run again in another process, one at a time: the same trace hashes.
 REPLAYED = 20
+# Seeds swept with five nodes too (minority and majority splits; about 45 a minute with 2 jobs).
+SEEDS_OF_FIVE = 50
 # Seeds of the sweep that fail, found by the simulations and not fixed yet (none since issue 6's
 # fourth session). The sweep must fail exactly these: a new failure, or a fix, shows; a seed
 # that fails goes here, diagnosed in simulations/regressions.txt, until it is fixed.
@@ -62,6 +64,13 @@ def failed_seeds(output: str) -> set[int]:
 def test_every_seed_of_the_sweep_keeps_every_promise_but_the_open_ones(sweep):
     assert re.search(rf"runs\s+{SEEDS} ", sweep.stdout), sweep.stderr[-2000:]
     assert failed_seeds(sweep.stdout) == OPEN, sweep.stdout
+
+
+def test_every_seed_of_five_nodes_keeps_every_promise():
+    done = simulate("--seeds", str(SEEDS_OF_FIVE), "--nodes", "5", "--jobs", "2", timeout=900)
+    assert re.search(rf"runs\s+{SEEDS_OF_FIVE} ", done.stdout), done.stderr[-2000:]
+    assert re.search(r"faults .*split \d+", done.stdout), done.stdout
+    assert failed_seeds(done.stdout) == set(), done.stdout
 
 
 def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, tmp_path):
