@@ -3,13 +3,13 @@
 Everything random comes from `random.Random(seed)`, and trio's scheduler is seeded with it too
 (`_ALLOW_DETERMINISTIC_SCHEDULING`, private: trio is pinned in pyproject.toml). The clock is
 `trio.testing.MockClock` jumping ahead whenever every task waits. The same seed on the same commit
-gives the same history, which `trace_hash` proves.
+gives the same history, whatever PYTHONHASHSEED is, which `trace_hash` proves.
 
-A run: three nodes (or five) boot; four clients work (simulations/workload.py) for `DURATION` virtual
-seconds while faults of the kinds the seed enabled come one at a time (simulations/faults.py);
-then the fault in progress heals, the cluster must be whole again, the clients leave, and the
-cluster must settle: every semaphore's whole count free again and granted to a newcomer. The
-checkers (simulations/checkers.py) then judge the history.
+A run: three nodes (or five) boot; four clients work (simulations/workload.py) for `DURATION`
+virtual seconds while faults of the kinds the seed enabled come one at a time
+(simulations/faults.py); then the fault in progress heals, the cluster must be whole again, the
+clients leave, and the cluster must settle: every semaphore's whole count free again and granted
+to a newcomer. The checkers (simulations/checkers.py) then judge the history.
 """
 
 from __future__ import annotations
