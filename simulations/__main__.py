@@ -177,10 +177,6 @@ def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int
         "refused     "
         + (", ".join(f"{why} {count}" for why, count in sorted(outcome.refusals.items())) or "none")
     )
-    # What a node did from its old state on waking from a long pause (chaos_excuses.py).
-    print(f"excused     {len(outcome.excused)}")
-    for violation in outcome.excused:
-        print(f"  {violation}")
     print(f"violations  {len(outcome.violations)}")
     for violation in outcome.violations:
         print(f"  {violation}")

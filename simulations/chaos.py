@@ -9,9 +9,8 @@ locking through it, and faults from the outside, one at a time:
 After each fault the cluster must be whole again within `RECOVERY_LIMIT` (every node serves,
 `GET /ready`, and counts every node a member), or the run records "stuck" and injects no more.
 At the end the clients stop, their journals (`simulations/chaos_client.py`) merge with the
-faults into one history, and the simulation's own checkers judge it (`simulations/checkers.py`),
-with the excuses of `simulations/chaos_excuses.py` (what a node does from its old state when it
-wakes from a long pause). The run's directory keeps the node logs, the journals and the merged
+faults into one history, and the simulation's own checkers judge it (`simulations/checkers.py`).
+The run's directory keeps the node logs, the journals and the merged
 history (`history.txt`, with wall-clock times to match the logs).
 
 Everything runs on loopback, on free ports; every wait is bounded; every process started here
@@ -37,7 +36,7 @@ from pathlib import Path
 from sluicegate.node.config import parse_config
 
 from .chaos_client import CONNECTED, Journal, read_journal
-from .chaos_excuses import judge
+from .checkers import check_history
 from .history import Event, History
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +87,6 @@ class ChaosOutcome:
     # node that woke from a long pause answers from its old state for a moment).
     refusals: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
-    excused: list[str] = field(default_factory=list)
 
 
 class ChaosCluster:
@@ -348,13 +346,10 @@ class ChaosRun:
         self.outcome.refusals = Counter(
             e.detail.split(":")[0] for e in events if e.kind == "refused"
         )
-        self.outcome.violations, self.outcome.excused = judge(
-            merged, CONFIG, EXPIRES_IN, list(NODE_IDS)
-        )
+        self.outcome.violations = check_history(merged, CONFIG, EXPIRES_IN)
         self.outcome.violations += problems + self.cluster.died()
         # Times relative to the start of the workload read better than the machine's uptime.
         self.outcome.violations = [_relative(v, self._started) for v in self.outcome.violations]
-        self.outcome.excused = [_relative(v, self._started) for v in self.outcome.excused]
 
     def _write_trace(self, events: list[Event]) -> None:
         """The merged history, in `history.txt` beside the logs: seconds from the workload's
