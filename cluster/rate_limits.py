@@ -177,8 +177,8 @@ class RateLimits:
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
-        # Exact mode: failed owners whose keys start spent, by (owner, members), with their ring;
-        # kept until a key spent then would be as good as new.
+        # Exact mode: failed owners whose keys start spent, by (owner, members, depth), with
+        # their ring; kept until a key spent then would be as good as new.
         self._takeovers: dict[tuple[str, tuple[str, ...], int], tuple[Takeover, Ring]] = {}
         self._horizon = max(
             (
