@@ -3,7 +3,9 @@
 Everything random comes from `random.Random(seed)`, and trio's scheduler is seeded with it too
 (`_ALLOW_DETERMINISTIC_SCHEDULING`, private: trio is pinned in pyproject.toml). The clock is
 `trio.testing.MockClock` jumping ahead whenever every task waits. The same seed on the same commit
-gives the same history, whatever PYTHONHASHSEED is, which `trace_hash` proves.
+gives the same history, whatever PYTHONHASHSEED is, which `trace_hash` proves, as long as no other
+thread of the process runs trio meanwhile: trio's scheduler draws from one random source per
+process (the CLI runs nothing else).
 
 A run: three nodes (or five) boot; four clients work (simulations/workload.py) for `DURATION`
 virtual seconds while faults of the kinds the seed enabled come one at a time
