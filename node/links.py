@@ -503,19 +503,24 @@ class Links:
 
     async def flush(self, timeout: float) -> None:
         """Wait until every connected link has sent what it has queued, at most `timeout`."""
-        with trio.move_on_after(timeout):
-            while any(link.connected and not link.idle for link in self._links.values()):
-                await trio.sleep(0.005)
+        links = self._links.values()
+        await _until(lambda: not any(link.connected and not link.idle for link in links), timeout)
 
     async def acknowledged(self, remote_ids: list[str], timeout: float) -> bool:
         """Wait until `remote_ids` acknowledged every message sent them, at most `timeout`;
         whether they all did."""
-        with trio.move_on_after(timeout):
-            while any(self.link(remote_id).unacknowledged for remote_id in remote_ids):
-                await trio.sleep(0.005)
-            return True
-        return False
+        links = [self.link(remote_id) for remote_id in remote_ids]
+        return await _until(lambda: not any(link.unacknowledged for link in links), timeout)
 
     def status(self) -> dict[str, bool]:
         """Which links are connected now, by remote node id."""
         return {remote_id: link.connected for remote_id, link in sorted(self._links.items())}
+
+
+async def _until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll `condition` until it holds, at most `timeout`; whether it did."""
+    with trio.move_on_after(timeout):
+        while not condition():
+            await trio.sleep(0.005)
+        return True
+    return False

@@ -144,13 +144,17 @@ class RateLimitService:
         """Decide `op` wherever it is decided; `Unavailable` while that cannot be done."""
         owner = self._owner(op)
         if owner is None:
-            return await self.serve(op)
+            return await self._decide(op)
         timeout = FORWARD_TIMEOUT + (op.timeout if isinstance(op, RateWait) else 0.0)
         return await self._rpc.call(owner, op, timeout)
 
     async def serve(self, op: RateOperation) -> Decision | list[Decision]:
-        """Decide `op` here (also for another node that forwarded it)."""
+        """Decide `op` for another node that forwarded it, if this node's own ring gives it
+        the key (the two may see other members for a moment)."""
         self._refuse_unless_decided_here(op)
+        return await self._decide(op)
+
+    async def _decide(self, op: RateOperation) -> Decision | list[Decision]:
         if isinstance(op, RateCheck):
             return self.check_here(op)
         if isinstance(op, RateChecks):
@@ -284,9 +288,7 @@ class RateLimitService:
         return None
 
     def _refuse_unless_decided_here(self, op: RateOperation) -> None:
-        """Raise `Unavailable` unless this node decides `op` now. A node that forwarded it may
-        see other members than this one does for a moment: an owner by its ring only would
-        decide a key beside its owner by this one's."""
+        """Raise `Unavailable` unless this node decides `op` now."""
         if self._owner(op) is not None:
             raise Unavailable("this key is decided by another node now; ask again")
 
