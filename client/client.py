@@ -152,7 +152,10 @@ class Client:
     def check(self, limiter: str, key: str = "", n: int = 1) -> Awaitable[RateDecision]:
         """`await client.check(...)`: go or sorry now, for `n` of `key` (none: the limiter is
         global). (Not `async def`: one coroutine less per check, which is most of its cost.)"""
-        return self._call(None, self._session.check, limiter, key, n, then=RateDecision.from_answer)
+        retry_id = self._rng.getrandbits(64)
+        return self._call(
+            None, self._session.check, limiter, key, n, retry_id, then=RateDecision.from_answer
+        )
 
     def rate_limited(
         self, limiter: str, key: str = "", n: int = 1, timeout: float | None = None
@@ -166,7 +169,8 @@ class Client:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         while True:
             wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
-            answer = await self._call(None, self._session.wait, limiter, key, n, wait)
+            retry_id = self._rng.getrandbits(64)
+            answer = await self._call(None, self._session.wait, limiter, key, n, wait, retry_id)
             decision = RateDecision.from_answer(answer)
             if decision.go:
                 return decision
@@ -241,9 +245,10 @@ class Client:
     ) -> object:
         """Run the request `build(*args)` makes on some node: reconnect (to the next URL) when
         the connection breaks, restore `peer` when a node forgot it, retry while the cluster is
-        unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent, so a
-        retry after a broken connection is safe. (The usual case, one request and its answer,
-        comes first and without the retry machinery: it is the hot path of every call.)"""
+        unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent (a
+        rate-limit request by its retry id), so a retry after a broken connection is safe.
+        (The usual case, one request and its answer, comes first and without the retry
+        machinery: it is the hot path of every call.)"""
         connection = self._connection
         if connection is not None and not connection.closed:
             try:

@@ -181,8 +181,12 @@ class Connection:
                 ids = self._groups.get(head["id"])
                 if ids is None:
                     ids = self._groups[head["id"]] = [head["id"]]
+                    if "retry_id" in head:
+                        head["retry_ids"] = [head.pop("retry_id")]
                 ids.append(request["id"])
                 head["times"] = len(ids)
+                if "retry_ids" in head:
+                    head["retry_ids"].append(request["retry_id"])
                 continue
             else:
                 head = request

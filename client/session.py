@@ -204,8 +204,10 @@ class Session:
             "semaphore": semaphore,
         }
 
-    def check(self, limiter: str, key: str, n: int) -> dict:
-        request = {"id": next(self._ids), "op": "check", "limiter": limiter}
+    def check(self, limiter: str, key: str, n: int, retry_id: int) -> dict:
+        """A rate-limit check; `retry_id` the same on every try of it (a retry after a lost
+        connection gets the go the first try got, rather than another)."""
+        request = {"id": next(self._ids), "op": "check", "limiter": limiter, "retry_id": retry_id}
         # The defaults (no key, a weight of 1) are left out: smaller frames, both ways cheaper.
         if key:
             request["key"] = key
@@ -213,8 +215,8 @@ class Session:
             request["n"] = n
         return request
 
-    def wait(self, limiter: str, key: str, n: int, timeout: float) -> dict:
-        request = self.check(limiter, key, n)
+    def wait(self, limiter: str, key: str, n: int, timeout: float, retry_id: int) -> dict:
+        request = self.check(limiter, key, n, retry_id)
         request.update(op="wait", timeout=timeout)
         return request
 

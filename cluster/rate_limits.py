@@ -7,6 +7,12 @@ joins, or it leaves). An owner that fails takes what it admitted with it: a `Tak
 that its keys start spent (`Algorithm.spent`) wherever they are decided next. No copy kept
 elsewhere could do better, since the owner may have spent what was left after its last copy.
 
+A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
+admitted it remembers the go for `REMEMBER_GOES_FOR` seconds, and answers a retry (the client
+asking again after a lost connection, or a repeated frame) with it instead of admitting it
+again. The remembered goes of a key travel with its state when it is handed over. Only goes are
+remembered: a retried sorry had no effect, and may be decided again.
+
 In `gossip` mode the node a client talks to decides at once, from its own admissions plus those
 its peers gossip: each "go" becomes a `RateEvent` that goes to every other member, and a node
 applies the events it receives to its copy of the key (late and out of order is fine; a
@@ -26,6 +32,9 @@ from .rate_algorithms import ALGORITHMS, Algorithm, Decision
 from .ring import Ring, rate_key
 
 MODES = ("exact", "gossip")
+# How long a go is remembered by its retry id: longer than a client keeps asking again
+# (`CALL_PATIENCE`, 30 s, from its first failure) after a wait of up to 20 s.
+REMEMBER_GOES_FOR = 60.0
 
 
 @dataclass(frozen=True)
@@ -51,22 +60,25 @@ class RateLimiterConfig:
 
 @dataclass(frozen=True, slots=True)
 class RateCheck:
-    """Go or sorry, now."""
+    """Go or sorry, now. `retry_id`: the same on every try of one request (see the module)."""
 
     limiter: str
     key: str
     n: int
+    retry_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RateChecks:
     """`times` checks of the same `n` of `key`, one after another: what many callers of one
-    client asked at once, sent as one request (a list of decisions in order)."""
+    client asked at once, sent as one request (a list of decisions in order). `retry_ids`, if
+    any: one per check."""
 
     limiter: str
     key: str
     n: int
     times: int
+    retry_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,7 @@ class RateWait:
     key: str
     n: int
     timeout: float
+    retry_id: int | None = None
 
 
 RateOperation = RateCheck | RateChecks | RateWait
@@ -103,12 +116,23 @@ class RateEvents:
 
 
 @dataclass(frozen=True, slots=True)
+class RememberedGo:
+    """A go remembered by its request's retry id: admitted at `at`, leaving `remaining`."""
+
+    retry_id: int
+    at: float
+    remaining: int
+
+
+@dataclass(frozen=True, slots=True)
 class RateState:
-    """One key's state, on its way to its new owner (the algorithm's `values`)."""
+    """One key's state, on its way to its new owner (the algorithm's `values`), with the goes
+    remembered for retries."""
 
     limiter: str
     key: str
     values: tuple[float, ...]
+    goes: tuple[RememberedGo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +178,8 @@ class RateHandoff:
 class LimiterStats:
     go: int = 0
     sorry: int = 0
+    # Retries answered with the go their first try got.
+    repeated: int = 0
     # Admissions beyond the rule found when merging gossip (weight units).
     overshoot: float = 0.0
     # How old the newest gossiped event was when it arrived (seconds; clocks of two nodes).
@@ -170,6 +196,9 @@ class RateLimits:
         self._algorithms = {name: config.build() for name, config in configs.items()}
         self._modes = {name: config.mode for name, config in configs.items()}
         self._states: dict[tuple[str, str], object] = {}
+        # Goes by retry id, per key: retry id -> (at, remaining), oldest first. A key's state
+        # is kept while it has any (see `evict`), so that both are handed over together.
+        self._goes: dict[tuple[str, str], dict[int, tuple[float, int]]] = {}
         self.origin = origin
         self.incarnation = (rng or random.Random()).getrandbits(63)
         self._seq = 0
@@ -206,10 +235,19 @@ class RateLimits:
             raise UnknownLimiter(limiter)
         return self._modes[limiter]
 
-    def check(self, limiter: str, key: str, n: int, now: float, tally: bool = True) -> Decision:
+    def check(
+        self,
+        limiter: str,
+        key: str,
+        n: int,
+        now: float,
+        tally: bool = True,
+        retry_id: int | None = None,
+    ) -> Decision:
         """Go or sorry for `n` of `key` now; a go is recorded (and, in gossip mode, queued as
-        an event for the other members). `tally=False` leaves the go and sorry counts alone
-        (a waiting caller's tries: its outcome is tallied once, `tally`)."""
+        an event for the other members), and remembered by its `retry_id` if it has one (ask
+        `repeat` first). `tally=False` leaves the go and sorry counts alone (a waiting
+        caller's tries: its outcome is tallied once, `tally`)."""
         algorithm = self._algorithms.get(limiter)
         if algorithm is None or not 1 <= n <= algorithm.max_weight:
             self.validate(limiter, n)  # raises what is wrong
@@ -217,9 +255,12 @@ class RateLimits:
         if state is None:
             state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
-        if decision.go and self._modes[limiter] == "gossip":
-            self._seq += 1
-            self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
+        if decision.go:
+            if retry_id is not None:
+                self._goes.setdefault((limiter, key), {})[retry_id] = (now, decision.remaining)
+            if self._modes[limiter] == "gossip":
+                self._seq += 1
+                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
         if tally:
             stats = self.stats[limiter]
             if decision.go:
@@ -227,6 +268,20 @@ class RateLimits:
             else:
                 stats.sorry += 1
         return decision
+
+    def repeat(self, limiter: str, key: str, retry_id: int | None) -> Decision | None:
+        """The go a request of `retry_id` got already, if this node remembers one: the answer
+        to its retry, which is not admitted again."""
+        if retry_id is None:
+            return None
+        goes = self._goes.get((limiter, key))
+        if not goes:
+            return None
+        remembered = goes.get(retry_id)
+        if remembered is None:
+            return None
+        self.stats[limiter].repeated += 1
+        return Decision(True, remembered[1], 0.0)
 
     def tally(self, limiter: str, go: bool) -> None:
         stats = self.stats[limiter]
@@ -256,7 +311,12 @@ class RateLimits:
             state = self._states.pop(key, None) if drop else self._states.get(key)
             if state is not None:
                 algorithm = self._algorithms[key[0]]
-                states.append(RateState(key[0], key[1], algorithm.values(state)))
+                goes = self._goes.pop(key, None) if drop else self._goes.get(key)
+                remembered = tuple(
+                    RememberedGo(retry_id, at, remaining)
+                    for retry_id, (at, remaining) in (goes or {}).items()
+                )
+                states.append(RateState(key[0], key[1], algorithm.values(state), remembered))
         return RateStates(tuple(states))
 
     def store(self, states: tuple[RateState, ...]) -> None:
@@ -272,6 +332,10 @@ class RateLimits:
                 spent_at = self._spent_at(item.limiter, item.key)
                 known = algorithm.spent(spent_at) if spent_at is not None else None
             self._states[key] = algorithm.merge(known, state) if known is not None else state
+            if item.goes:
+                goes = self._goes.setdefault(key, {})
+                for go in item.goes:
+                    goes.setdefault(go.retry_id, (go.at, go.remaining))
 
     def take_over(self, takeover: Takeover) -> None:
         """`takeover.owner` failed: its keys start spent (see `Takeover`)."""
@@ -324,11 +388,20 @@ class RateLimits:
             stats.gossip_lag = max(0.0, now - event.at)
 
     def evict(self, now: float) -> int:
-        """Forget the keys whose state is as good as new; how many went."""
+        """Forget goes remembered long enough, and the keys whose state is as good as new (and
+        that remember no go); how many keys went."""
+        for key, goes in list(self._goes.items()):
+            while goes:
+                retry_id, (at, _) = next(iter(goes.items()))
+                if at + REMEMBER_GOES_FOR > now:
+                    break
+                del goes[retry_id]
+            if not goes:
+                del self._goes[key]
         idle = [
             key
             for key, state in self._states.items()
-            if self._algorithms[key[0]].idle_at(state) <= now
+            if key not in self._goes and self._algorithms[key[0]].idle_at(state) <= now
         ]
         for key in idle:
             del self._states[key]
@@ -339,6 +412,9 @@ class RateLimits:
 
     def keys(self) -> int:
         return len(self._states)
+
+    def remembered_goes(self) -> int:
+        return sum(len(goes) for goes in self._goes.values())
 
     def takeover_count(self) -> int:
         return len(self._takeovers)

@@ -15,6 +15,7 @@ from sluicegate.cluster.rate_limits import (
     RateState,
     RateStates,
     RateWait,
+    RememberedGo,
     Takeover,
 )
 from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
@@ -90,6 +91,7 @@ LINK_CODEC = Codec(
         # 43: retired (a hand-over without takeovers)
         44: Takeover,
         45: RateHandoff,
+        46: RememberedGo,
         **HANDSHAKE_MESSAGES,
     }
 )

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sluicegate.cluster.rate_limits import REMEMBER_GOES_FOR
+
 from .links import Links
 from .membership_actor import MembershipActor
 from .rate_limit_service import RateLimitService
@@ -44,8 +46,14 @@ class RateLimitCollector(Collector):
             "Admissions beyond the limiter's rule this node found when merging gossip (weight).",
             labels=["limiter"],
         )
+        repeated = CounterMetricFamily(
+            "sluicegate_rate_limit_repeated",
+            "Retries answered with the go their first try got, not admitted again.",
+            labels=["limiter"],
+        )
         for name in core.names:
             stats = core.stats[name]
+            repeated.add_metric([name], stats.repeated)
             decisions.add_metric([name, "go"], stats.go)
             decisions.add_metric([name, "sorry"], stats.sorry)
             waiting.add_metric([name], self._service.waiting[name])
@@ -55,6 +63,7 @@ class RateLimitCollector(Collector):
         yield waiting
         yield lag
         yield overshoot
+        yield repeated
         yield GaugeMetricFamily(
             "sluicegate_rate_limit_keys", "Keys whose state this node keeps.", value=core.keys()
         )
@@ -62,6 +71,11 @@ class RateLimitCollector(Collector):
             "sluicegate_rate_limit_takeovers",
             "Failed owners whose exact-mode keys start spent here (until a window has passed).",
             value=core.takeover_count(),
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_rate_limit_remembered_goes",
+            f"Goes remembered by their retry id, for retries ({REMEMBER_GOES_FOR:g} s each).",
+            value=core.remembered_goes(),
         )
 
 

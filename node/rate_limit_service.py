@@ -20,6 +20,8 @@
   the timeout. The first in the queue tries again when its `retry_after` says, the rest sleep
   until it is their turn; while anyone waits, plain checks of that key are sorry, so that a
   flood of checks cannot starve the queue.
+* Retries: a check or wait that carries a retry id gets, on a retry, the go its first try got
+  (remembered where it was decided, and handed over with the key), not a second one.
 
 Decisions are made synchronously in the asking task (as the semaphore actor's are), with the
 wall clock: gossiped events carry the time they were admitted at, which other nodes compare with
@@ -128,17 +130,24 @@ class RateLimitService:
         """Is `op` decided by this node (else `call` forwards it)?"""
         return self._owner(op) is None
 
-    def check_here(self, op: RateCheck | RateChecks) -> Decision:
-        """Decide a check here, now."""
-        queue = self._queues.get((op.limiter, op.key))
-        if queue:
-            retry_after = max(SOON, queue[0].retry_at - trio.current_time())
-            return self.core.refuse_behind_waiters(op.limiter, op.n, retry_after)
-        return self.core.check(op.limiter, op.key, op.n, self._clock())
+    def check_here(self, op: RateCheck) -> Decision:
+        """Decide a check here, now (a retry gets the go its first try got)."""
+        return self._check(op.limiter, op.key, op.n, op.retry_id)
 
     def checks_here(self, op: RateChecks) -> list[Decision]:
         """Decide `op.times` checks here, now, one after another."""
-        return [self.check_here(op) for _ in range(op.times)]
+        retry_ids = op.retry_ids or (None,) * op.times
+        return [self._check(op.limiter, op.key, op.n, retry_id) for retry_id in retry_ids]
+
+    def _check(self, limiter: str, key: str, n: int, retry_id: int | None) -> Decision:
+        repeated = self.core.repeat(limiter, key, retry_id)
+        if repeated is not None:
+            return repeated
+        queue = self._queues.get((limiter, key))
+        if queue:
+            retry_after = max(SOON, queue[0].retry_at - trio.current_time())
+            return self.core.refuse_behind_waiters(limiter, n, retry_after)
+        return self.core.check(limiter, key, n, self._clock(), retry_id=retry_id)
 
     async def call(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` wherever it is decided; `Unavailable` while that cannot be done."""
@@ -312,10 +321,13 @@ class RateLimitService:
 
     async def _wait_here(self, op: RateWait) -> Decision:
         self.core.validate(op.limiter, op.n)
+        repeated = self.core.repeat(op.limiter, op.key, op.retry_id)
+        if repeated is not None:
+            return repeated
         key = (op.limiter, op.key)
         queue = self._queues.get(key)
         if not queue:
-            decision = self.core.check(op.limiter, op.key, op.n, self._clock(), tally=False)
+            decision = self._try(op)
             if decision.go or op.timeout <= 0:
                 self.core.tally(op.limiter, decision.go)
                 return decision
@@ -332,7 +344,10 @@ class RateLimitService:
                         await me.turn.wait()
                         continue
                     self._refuse_unless_decided_here(op)  # the members may have changed
-                    decision = self.core.check(op.limiter, op.key, op.n, self._clock(), tally=False)
+                    repeated = self.core.repeat(op.limiter, op.key, op.retry_id)
+                    if repeated is not None:
+                        return repeated  # it waited behind its first try, which went
+                    decision = self._try(op)
                     if decision.go:
                         break
                     me.retry_at = trio.current_time() + decision.retry_after
@@ -346,6 +361,12 @@ class RateLimitService:
                 queue[0].turn.set()
         self.core.tally(op.limiter, decision.go)
         return decision
+
+    def _try(self, op: RateWait) -> Decision:
+        """One try of a waiting caller (its outcome is tallied once, at the end)."""
+        return self.core.check(
+            op.limiter, op.key, op.n, self._clock(), tally=False, retry_id=op.retry_id
+        )
 
     def _hand_over(self) -> None:
         """Keys this node kept that another member decides now go to it."""

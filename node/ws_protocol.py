@@ -38,6 +38,8 @@ PROTOCOL_VERSION = 1
 MAX_REQUESTS_PER_FRAME = 10_000
 # Peer ids are unsigned 64-bit, as in the HTTP API.
 MAX_PEER_ID = 2**64 - 1
+# So are a rate-limit request's retry ids (the client picks them at random).
+MAX_RETRY_ID = 2**64 - 1
 
 # Close codes (RFC 6455 and the 4000-4999 private range).
 CLOSE_TEXT_FRAME = 1003
@@ -277,11 +279,18 @@ def _check(item: dict) -> RateCheck | RateChecks:
         key, n = _field(item, "key", str, ""), _field(item, "n", int, 1)
     times = item.get("times", 1)
     if times == 1 and type(times) is int:
-        return RateCheck(limiter, key, n)  # the usual case
+        return RateCheck(limiter, key, n, _retry_id(item))  # the usual case
     times = _field(item, "times", int)
     if not 1 <= times <= MAX_REQUESTS_PER_FRAME:
         raise _BadRequest(f"field 'times' must be 1 to {MAX_REQUESTS_PER_FRAME}")
-    return RateChecks(limiter, key, n, times)
+    retry_ids = _field(item, "retry_ids", list, None)
+    if retry_ids is not None:
+        if len(retry_ids) != times or not all(_is_retry_id(r) for r in retry_ids):
+            raise _BadRequest(
+                "field 'retry_ids' must hold one unsigned 64-bit integer per time asked"
+            )
+        retry_ids = tuple(retry_ids)
+    return RateChecks(limiter, key, n, times, retry_ids)
 
 
 def _wait(item: dict) -> RateWait:
@@ -290,7 +299,19 @@ def _wait(item: dict) -> RateWait:
         _field(item, "key", str, ""),
         _field(item, "n", int, 1),
         _seconds(item, "timeout"),
+        _retry_id(item),
     )
+
+
+def _retry_id(item: dict) -> int | None:
+    retry_id = item.get("retry_id")
+    if retry_id is None or _is_retry_id(retry_id):
+        return retry_id
+    raise _BadRequest("field 'retry_id' must be an unsigned 64-bit integer")
+
+
+def _is_retry_id(value: object) -> bool:
+    return type(value) is int and 0 <= value <= MAX_RETRY_ID
 
 
 _OPERATIONS: dict[str, Callable[[dict], Operation | RateOperation]] = {

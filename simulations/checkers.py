@@ -1,8 +1,8 @@
 """Invariant checkers: each reads the history the clients recorded and names what went wrong.
 
 Each violation reads `[checker] time: what`, so that a sweep can count them by checker:
-`max`, `lease`, `tokens`, `fencing`, `fifo`, `rate-exact`, `rate-gossip`, `liveness`,
-`exception`.
+`max`, `lease`, `tokens`, `fencing`, `fifo`, `once`, `rate-exact`, `rate-gossip`,
+`liveness`, `exception`.
 
 Client-observed holds are inside the real ones (a grant is seen after the owner made it, and a
 release is sent after the client stopped using the lock), so any overlap seen here happened at
@@ -45,6 +45,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
         *tokens_rise(history),
         *fenced_writes(history),
         *fifo(history, quiet),
+        *rate_retries_once(history),
         *rate_limits(history, config, quiet),
         *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
         *[
@@ -261,6 +262,32 @@ def fifo(history: History, quiet: list[tuple[float, float]]) -> list[str]:
     return violations
 
 
+def rate_retries_once(history: History) -> list[str]:
+    """A rate-limit request that went takes effect once: every later answer to it (the same
+    retry id: the client asked again after a lost connection, or the network repeated it) is
+    that go, with the same `remaining`. Decided again, a retry would go with less remaining, or
+    be sorry."""
+    violations = []
+    first_go: dict[int, tuple[int, object]] = {}
+    answered = sorted((s for s in history.rate if s.goes), key=lambda s: s.answered)
+    for send in answered:
+        for retry_id, go, remaining in zip(send.retry_ids, send.goes, send.remaining, strict=True):
+            first = first_go.get(retry_id)
+            if first is None:
+                if go:
+                    first_go[retry_id] = (remaining, send)
+                continue
+            if not go or remaining != first[0]:
+                then = first[1]
+                answer = f"go with {remaining} remaining" if go else "sorry"
+                violations.append(
+                    f"[once] {send.answered:.4f}: {send.client}'s {send.op} of {send.limiter} "
+                    f"{send.key!r} went at {then.node} ({then.answered:.4f}, {first[0]} "
+                    f"remaining), and its repeat at {send.node} was answered {answer}"
+                )
+    return violations
+
+
 def rate_limits(
     history: History, config: NodeConfig, quiet: list[tuple[float, float]]
 ) -> list[str]:
@@ -332,19 +359,24 @@ def _group(sends) -> dict[tuple[str, str], list]:
 
 
 def _certain_goes(sends, window: float) -> dict[int, list[_Go]]:
-    """Goes by window, for those whose request was sent and answered within one window."""
-    windows: dict[int, list[_Go]] = defaultdict(list)
+    """Goes by window, for those whose request was sent and answered within one window. A
+    request that went is counted once, by its first answer (`rate_retries_once` checks that
+    its repeats were answered with that go), as decided after its first try was sent."""
+    first_sent: dict[int, float] = {}
     for send in sends:
-        if not send.goes or send.answered is None:
-            continue
-        index = math.floor(send.sent / window)
-        if math.floor(send.answered / window) != index:
-            continue
-        for order, go in enumerate(send.goes):
-            if go:
-                windows[index].append(
-                    _Go(send.node, send.n, send.sent, send.answered, id(send), order)
-                )
+        for retry_id in send.retry_ids:
+            first_sent[retry_id] = min(send.sent, first_sent.get(retry_id, send.sent))
+    windows: dict[int, list[_Go]] = defaultdict(list)
+    went: set[int] = set()
+    for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
+        for order, (go, retry_id) in enumerate(zip(send.goes, send.retry_ids, strict=True)):
+            if not go or retry_id in went:
+                continue
+            went.add(retry_id)
+            sent = first_sent[retry_id]
+            index = math.floor(sent / window)
+            if math.floor(send.answered / window) == index:
+                windows[index].append(_Go(send.node, send.n, sent, send.answered, id(send), order))
     return windows
 
 

@@ -70,10 +70,16 @@ class History:
     def rate_sent(self, send: RateSend) -> None:
         self.rate.append(send)
 
-    def rate_answered(self, send: RateSend, at: float, goes: list[bool] | None, error: str) -> None:
+    def rate_answered(
+        self, send: RateSend, at: float, decisions: list[dict] | None, error: str
+    ) -> None:
+        """`send` answered at `at` with a decision (a map) per time asked, or an `error`."""
         self.operations += send.times
-        send.answered, send.goes, send.error = at, goes, error
-        outcome = error or " ".join("go" if go else "sorry" for go in goes)
+        send.answered, send.error = at, error
+        if decisions is not None:
+            send.goes = [decision["go"] for decision in decisions]
+            send.remaining = [decision["remaining"] for decision in decisions]
+        outcome = error or " ".join("go" if go else "sorry" for go in send.goes)
         self._add(
             Event(
                 at,

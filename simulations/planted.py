@@ -84,6 +84,12 @@ def duplicated_grant_on_retry() -> None:
     semaphore_leases.SemaphoreLeases.request = request_granting_again
 
 
+def rate_retry_decided_again() -> None:
+    """A rate-limit check or wait that comes again (the client's retry, or the network's
+    repeat) is decided again: the goes remembered by retry id are never looked up."""
+    rate_limits.RateLimits.repeat = lambda self, limiter, key, retry_id: None
+
+
 PLANTED: dict[str, Callable[[], None]] = {
     "fencing-counter-stays-on-takeover": fencing_counter_stays_on_takeover,
     "grace-period-ignored": grace_period_ignored,
@@ -91,4 +97,5 @@ PLANTED: dict[str, Callable[[], None]] = {
     "gossip-merged-by-sum": gossip_merged_by_sum,
     "fifo-skipped-for-small-counts": fifo_skipped_for_small_counts,
     "duplicated-grant-on-retry": duplicated_grant_on_retry,
+    "rate-retry-decided-again": rate_retry_decided_again,
 }

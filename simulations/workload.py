@@ -54,7 +54,9 @@ RATE_WAIT_TIMEOUT = 1.5
 @dataclass
 class RateSend:
     """One rate-limit request on the wire: sent at `sent`, to `node`; answered at `answered`
-    with a decision per time asked (`goes`), or an error; unanswered if the connection broke."""
+    with a decision per time asked (`goes`, and what `remaining` after each), or an error;
+    unanswered if the connection broke. `retry_ids`: one per time asked; every try of a call
+    carries the same (a copy the network repeats too)."""
 
     client: str
     node: str
@@ -63,9 +65,11 @@ class RateSend:
     key: str
     n: int
     times: int
+    retry_ids: tuple[int, ...]
     sent: float
     answered: float | None = None
     goes: list[bool] | None = None
+    remaining: list[int] | None = None
     error: str = ""
 
 
@@ -152,6 +156,7 @@ class Tap:
                 request.get("key", ""),
                 request.get("n", 1),
                 request.get("times", 1),
+                tuple(request.get("retry_ids") or [request["retry_id"]]),
                 now,
             )
             self._history.rate_sent(send)
@@ -164,12 +169,10 @@ class Tap:
         send = sends.pop(0)
         if not sends:
             del self._waiting[answer["id"]]
+        decisions = None
         if "ok" in answer:
             decisions = answer["ok"] if isinstance(answer["ok"], list) else [answer["ok"]]
-            goes = [decision["go"] for decision in decisions]
-        else:
-            goes = None
-        self._history.rate_answered(send, trio.current_time(), goes, answer.get("error", ""))
+        self._history.rate_answered(send, trio.current_time(), decisions, answer.get("error", ""))
 
 
 async def client(

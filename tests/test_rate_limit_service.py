@@ -83,3 +83,35 @@ async def test_a_wait_that_runs_out_of_time_is_sorry(autojump_clock, service):
     assert (service.core.stats["slow"].go, service.core.stats["slow"].sorry) == (1, 1)
     with pytest.raises(UnknownLimiter):
         await service.call(RateWait("nope", "k", 1, 1.0))
+
+
+async def test_a_retry_gets_the_go_its_first_try_got_and_takes_nothing(
+    autojump_clock, service, nursery
+):
+    first = await service.call(RateCheck("slow", "k", 1, retry_id=1))
+    assert first.go
+    assert await service.call(RateCheck("slow", "k", 1, retry_id=1)) == first
+    assert not (await service.call(RateCheck("slow", "k", 1, retry_id=2))).go
+    await trio.sleep(1.0)
+    # One of the checks asked at once is a retry: only the other two are decided.
+    decisions = await service.call(RateChecks("slow", "k", 1, 3, retry_ids=(3, 1, 4)))
+    assert [d.go for d in decisions] == [True, True, False] and decisions[1] == first
+
+    # A wait sent twice: the copy waits behind the first, and gets its go once it went.
+    answers = []
+
+    async def wait() -> None:
+        answers.append(await service.call(RateWait("slow", "k", 1, 100.0, retry_id=5)))
+
+    nursery.start_soon(wait)
+    await wait_all_tasks_blocked()
+    nursery.start_soon(wait)
+    await wait_all_tasks_blocked()
+    assert service.waiting["slow"] == 2
+    await trio.sleep(1.5)
+    # (Decided anew, the copy would go at 3 s, when the next token comes.)
+    assert len(answers) == 2 and answers[0].go and answers[0] == answers[1]
+    await trio.sleep(0.5)
+    assert (await service.call(RateCheck("slow", "k", 1))).go  # the copy took no token
+    stats = service.core.stats["slow"]
+    assert (stats.go, stats.repeated) == (4, 3)

@@ -11,7 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluicegate.cluster.errors import InvalidWeight, UnknownLimiter
-from sluicegate.cluster.rate_limits import RateEvents, RateLimiterConfig, RateLimits, Takeover
+from sluicegate.cluster.rate_limits import (
+    REMEMBER_GOES_FOR,
+    RateEvents,
+    RateLimiterConfig,
+    RateLimits,
+    Takeover,
+)
 from sluicegate.cluster.ring import Ring, rate_key
 
 CONFIGS = {
@@ -105,6 +111,27 @@ def test_a_key_moves_with_its_state_when_the_members_change():
     assert successor.check("api", "k", 1, 0.0).go
     assert not successor.check("api", "k", 1, 0.0).go  # 3 there, 1 here: the bucket of 4
     assert successor.check("api", "k", 1, 1.0).go  # refilled one token in a second
+
+
+def test_a_go_is_remembered_by_its_retry_id_and_moves_with_its_key():
+    owner, successor = node("n1", 1), node("n2", 2)
+    first = owner.check("api", "k", 3, 0.0, retry_id=7)
+    assert first.go and first.remaining == 1
+    assert owner.repeat("api", "k", 7) == first  # the retry's answer: the same go
+    assert owner.repeat("api", "k", 8) is None and owner.repeat("api", "other", 7) is None
+    assert owner.repeat("api", "k", None) is None
+    assert not owner.check("api", "k", 3, 0.0, retry_id=9).go
+    assert owner.repeat("api", "k", 9) is None  # a sorry took nothing: decided again
+    assert owner.stats["api"].repeated == 1 and owner.remembered_goes() == 1
+
+    successor.store(owner.export(owner.held_keys(), drop=True).states)
+    assert owner.remembered_goes() == 0
+    assert successor.repeat("api", "k", 7) == first
+
+    # The bucket is full again after 4 s, but the key stays while it remembers a go.
+    assert successor.evict(10.0) == 0 and successor.keys() == 1
+    assert successor.evict(REMEMBER_GOES_FOR) == 1
+    assert successor.repeat("api", "k", 7) is None and successor.remembered_goes() == 0
 
 
 def owned_by(owner: str, members: tuple[str, ...], count: int = 1) -> list[str]:

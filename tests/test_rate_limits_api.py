@@ -113,6 +113,31 @@ async def test_ws_check_asked_times_times_answers_each_in_order(node):
     assert [d["go"] for d in answers[1]["ok"]] == [False, False]
 
 
+async def test_ws_a_retried_check_gets_the_go_its_first_try_got(node):
+    with trio.fail_after(TIMEOUT):
+        async with open_websocket_url(f"ws://127.0.0.1:{node.port}/ws") as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            check = {"op": "check", "limiter": "api", "key": "retried"}
+            await ws.send_message(
+                msgpack.packb(
+                    [
+                        {**check, "id": 1, "retry_id": 11},
+                        {**check, "id": 2, "retry_id": 11},  # the same request, again
+                        {**check, "id": 3, "times": 3, "retry_ids": [12, 11, 13]},
+                    ]
+                )
+            )
+            answers = msgpack.unpackb(await ws.get_message())
+    first = answers[0]["ok"]
+    assert first["go"] and first["remaining"] == 2 and answers[1]["ok"] == first
+    assert [(d["go"], d["remaining"]) for d in answers[2]["ok"]] == [
+        (True, 1),
+        (True, 2),  # 11 again: its first answer
+        (True, 0),
+    ]
+
+
 async def test_equal_checks_of_many_tasks_go_as_one_request_each_answered(node):
     sent: list[list[dict]] = []
     decisions = []
@@ -137,6 +162,9 @@ async def test_equal_checks_of_many_tasks_go_as_one_request_each_answered(node):
     requests = [request for frame in sent for request in frame]
     assert len(requests) < 40  # runs of equal checks went as one
     assert sum(request.get("times", 1) for request in requests) == 40
+    # Each call has a retry id of its own, sent with its run's.
+    retry_ids = [i for r in requests for i in r.get("retry_ids", [r.get("retry_id")])]
+    assert len(set(retry_ids)) == 40 and None not in retry_ids
     for key in ("many", "other"):
         went = sorted(d.remaining for k, d in decisions if k == key and d.go)
         assert went == [0, 1, 2]  # capacity 3: exactly three, each with its own answer

@@ -32,6 +32,14 @@ def test_a_check_asked_times_times_is_one_request_that_counts_as_that_many():
     )
     assert once == protocol.Request(1, RateCheck("api", "", 1))
     assert thrice == protocol.Request(2, RateChecks("api", "u", 2, 3))
+    [once, thrice, wait] = decode(
+        {"id": 1, "op": "check", "limiter": "api", "retry_id": 2**64 - 1},
+        {"id": 2, "op": "check", "limiter": "api", "times": 3, "retry_ids": [4, 5, 6]},
+        {"id": 3, "op": "wait", "limiter": "api", "timeout": 1, "retry_id": 0},
+    )
+    assert once.op == RateCheck("api", "", 1, 2**64 - 1)
+    assert thrice.op == RateChecks("api", "", 1, 3, (4, 5, 6))
+    assert wait.op.retry_id == 0
     decode(*[{"id": i, "op": "check", "limiter": "a", "times": 2} for i in range(5000)])
     with pytest.raises(protocol.ProtocolViolation) as violation:
         decode(
@@ -60,6 +68,11 @@ def test_a_check_asked_times_times_is_one_request_that_counts_as_that_many():
         ({"id": 1, "op": "check", "limiter": "api", "times": True}, "bad_request"),
         ({"id": 1, "op": "check", "limiter": "api", "times": 10_001}, "bad_request"),
         ({"id": 1, "op": "check", "limiter": "api", "times": "2"}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "api", "retry_id": -1}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "api", "retry_id": "7"}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "a", "times": 2, "retry_ids": [1]}, "bad_request"),
+        ({"id": 1, "op": "check", "limiter": "a", "times": 2, "retry_ids": 1}, "bad_request"),
+        ({"id": 1, "op": "wait", "limiter": "a", "timeout": 1, "retry_id": 0.5}, "bad_request"),
         ({"id": "1", "op": "new_peer"}, "bad_request"),
         ("not a map", "bad_request"),
     ],
