@@ -7,6 +7,8 @@ The contract this file keeps is THROTTLE_API.md in the team's shared documents.
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -326,7 +328,8 @@ class ThrottleApi:
     async def rate_limit_check(self, request: Request, name: bytes) -> Response:
         limiter = _path_text(name, "name")
         key, n = _rate_limit_query(request.query)
-        decision = await self.rate_limits.call(RateCheck(limiter, key, n))
+        retry_id = _retry_id(request.header(b"idempotency-key"))
+        decision = await self.rate_limits.call(RateCheck(limiter, key, n, retry_id))
         body = {
             "go": decision.go,
             "remaining": decision.remaining,
@@ -337,6 +340,14 @@ class ThrottleApi:
         response = json_response(body, 429)
         response.headers.append((b"retry-after", retry_after_header(decision.retry_after).encode()))
         return response
+
+
+def _retry_id(idempotency_key: bytes | None) -> int | None:
+    """The retry id of a check's `Idempotency-Key` header (any string the client picked, the
+    same on every try): its first 64 bits of BLAKE2b."""
+    if idempotency_key is None:
+        return None
+    return int.from_bytes(hashlib.blake2b(idempotency_key, digest_size=8).digest(), "big")
 
 
 def _rate_limit_query(query: bytes) -> tuple[str, int]:

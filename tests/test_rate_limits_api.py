@@ -34,10 +34,10 @@ def node(tmp_path_factory):
         yield process
 
 
-def post(node, path: str) -> tuple[int, dict, object]:
+def post(node, path: str, headers: dict | None = None) -> tuple[int, dict, object]:
     conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=TIMEOUT)
     try:
-        conn.request("POST", path)
+        conn.request("POST", path, headers=headers or {})
         response = conn.getresponse()
         return response.status, dict(response.getheaders()), json.loads(response.read())
     finally:
@@ -55,6 +55,14 @@ def test_http_answers_go_with_200_and_sorry_with_429_and_retry_after(node):
     assert int(headers["retry-after"]) >= body["retry_after"]
     status, _, body = post(node, "/rate_limits/api/check?key=http-b&n=3")  # another key
     assert status == 200 and body["remaining"] == 0
+
+
+def test_http_a_check_sent_again_with_its_idempotency_key_takes_effect_once(node):
+    path = "/rate_limits/api/check?key=http-retried&n=2"
+    first = post(node, path, {"Idempotency-Key": '"a7c1"'})
+    assert first[0] == 200 and first[2]["remaining"] == 1
+    assert post(node, path, {"Idempotency-Key": '"a7c1"'})[2] == first[2]  # not admitted again
+    assert post(node, path, {"Idempotency-Key": '"b9d2"'})[0] == 429  # another request
 
 
 def test_http_errors_are_json_with_a_code(node):
