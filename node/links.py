@@ -415,6 +415,8 @@ class Links:
         self._deliver = deliver
         self._rng = rng
         self._links: dict[str, Link] = {}
+        # Set to end the backoff of a dial loop that waits to dial again (see `redial`).
+        self._backing_off: dict[str, trio.Event] = {}
 
     def link(self, remote_id: str) -> Link:
         link = self._links.get(remote_id)
@@ -446,8 +448,23 @@ class Links:
             except* DIAL_ERRORS as group:
                 error = group.exceptions[0]
                 log.info("Cannot link to %s at %s: %s", remote_id, address, error or type(error))
-            await trio.sleep(backoff * self._rng.uniform(0.5, 1.0))
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            woken = self._backing_off[remote_id] = trio.Event()
+            try:
+                with trio.move_on_after(backoff * self._rng.uniform(0.5, 1.0)):
+                    await woken.wait()
+            finally:
+                if self._backing_off.get(remote_id) is woken:
+                    del self._backing_off[remote_id]
+            backoff = BACKOFF_FIRST if woken.is_set() else min(backoff * 2, BACKOFF_MAX)
+
+    def redial(self, remote_id: str) -> None:
+        """Dial `remote_id` now if its dial loop is waiting out a backoff: it is known to be up
+        again. Until the dialer links, the link is carried by an introduction, which ends after
+        its hold: the backoff of a long fault (up to `BACKOFF_MAX`) would leave the link down
+        then, with the cluster whole again."""
+        woken = self._backing_off.get(remote_id)
+        if woken is not None:
+            woken.set()
 
     async def _dial_and_carry(self, remote_id: str, address: str) -> None:
         async with trio.open_nursery() as connection:

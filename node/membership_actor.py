@@ -196,6 +196,7 @@ class MembershipActor:
             return
         current = self._dialing.get(node_id)
         if current is not None and current[0] == address:
+            self._links.redial(node_id)
             return
         self._stop_dialing(node_id)
         scope = trio.CancelScope()

@@ -145,6 +145,24 @@ async def test_a_severed_link_is_redialled_and_queued_messages_follow(
     assert network.received["b"] == [("a", "before"), ("a", "during")]
 
 
+async def test_a_node_known_to_be_up_again_is_dialled_at_once_not_after_the_backoff(
+    autojump_clock, network, nursery
+):
+    a = network.add("a")
+    network.add("b")
+    network.down.add("b")
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(20)  # the backoff is at its longest by now
+    network.down.discard("b")
+    a.send("b", Note("after the heal"))
+    redialled_at = trio.current_time()
+    a.redial("b")  # as when membership sees b up again
+    await trio.sleep(0.01)
+    assert a.status()["b"] and network.received["b"] == [("a", "after the heal")]
+    assert network.dials[-1][1] == redialled_at
+    a.redial("b")  # linked: nothing to wake
+
+
 async def test_what_was_meant_for_a_node_before_it_restarted_is_not_delivered_after(
     autojump_clock, network, nursery
 ):
