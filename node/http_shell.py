@@ -8,7 +8,6 @@ The contract this file keeps is THROTTLE_API.md in the team's shared documents.
 from __future__ import annotations
 
 import hashlib
-
 import json
 import logging
 from collections.abc import Awaitable, Callable

@@ -25,6 +25,7 @@ CAUGHT = {
     "gossip-merged-by-sum": (2, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
     "fifo-skipped-for-small-counts": (2, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
     "duplicated-grant-on-retry": (0, r"\[liveness\] [\d.]+: \w: remainder 0 of \d"),
+    "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
 }
 
 
