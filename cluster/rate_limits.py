@@ -8,9 +8,9 @@ that its keys start spent (`Algorithm.spent`) wherever they are decided next. No
 elsewhere could do better, since the owner may have spent what was left after its last copy.
 
 A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
-admitted it remembers the go for `REMEMBER_GOES_FOR` seconds, and answers a retry (the client
-asking again after a lost connection, or a repeated frame) with it instead of admitting it
-again. The remembered goes of a key travel with its state when it is handed over. Only goes are
+admitted it remembers the go (`RememberedGoes`), and answers a retry (the client asking again
+after a lost connection, or a repeated frame) with it instead of admitting it again. The
+remembered goes of a key travel with its state when it is handed over. Only goes are
 remembered: a retried sorry had no effect, and may be decided again.
 
 In `gossip` mode the node a client talks to decides at once, from its own admissions plus those
@@ -32,9 +32,13 @@ from .rate_algorithms import ALGORITHMS, Algorithm, Decision
 from .ring import Ring, rate_key
 
 MODES = ("exact", "gossip")
-# How long a go is remembered by its retry id: longer than a client keeps asking again
-# (`CALL_PATIENCE`, 30 s, from its first failure) after a wait of up to 20 s.
-REMEMBER_GOES_FOR = 60.0
+# A go is remembered by its retry id for at least this long (and at most twice): longer than a
+# client keeps asking again (`CALL_PATIENCE`, 30 s from its first failure; a check fails within
+# `FORWARD_TIMEOUT`, 10 s, of its sending).
+REMEMBER_GOES_FOR = 45.0
+# Unless a node admits more than half this many requests with a retry id in that time: then
+# the older half is forgotten sooner. (About 150 bytes each: 75 MB at most.)
+MAX_REMEMBERED_GOES = 500_000
 
 
 @dataclass(frozen=True)
@@ -117,10 +121,9 @@ class RateEvents:
 
 @dataclass(frozen=True, slots=True)
 class RememberedGo:
-    """A go remembered by its request's retry id: admitted at `at`, leaving `remaining`."""
+    """A go remembered by its request's retry id, which left `remaining`."""
 
     retry_id: int
-    at: float
     remaining: int
 
 
@@ -196,9 +199,8 @@ class RateLimits:
         self._algorithms = {name: config.build() for name, config in configs.items()}
         self._modes = {name: config.mode for name, config in configs.items()}
         self._states: dict[tuple[str, str], object] = {}
-        # Goes by retry id, per key: retry id -> (at, remaining), oldest first. A key's state
-        # is kept while it has any (see `evict`), so that both are handed over together.
-        self._goes: dict[tuple[str, str], dict[int, tuple[float, int]]] = {}
+        # A key's state is kept while it remembers a go (see `evict`): both are handed over.
+        self.goes = RememberedGoes()
         self.origin = origin
         self.incarnation = (rng or random.Random()).getrandbits(63)
         self._seq = 0
@@ -245,19 +247,25 @@ class RateLimits:
         retry_id: int | None = None,
     ) -> Decision:
         """Go or sorry for `n` of `key` now; a go is recorded (and, in gossip mode, queued as
-        an event for the other members), and remembered by its `retry_id` if it has one (ask
-        `repeat` first). `tally=False` leaves the go and sorry counts alone (a waiting
-        caller's tries: its outcome is tallied once, `tally`)."""
+        an event for the other members), and remembered by its `retry_id` if it has one; a
+        retry of a go gets that go (not tallied again). `tally=False` leaves the go and sorry
+        counts alone (a waiting caller's tries: its outcome is tallied once, `tally`)."""
         algorithm = self._algorithms.get(limiter)
         if algorithm is None or not 1 <= n <= algorithm.max_weight:
             self.validate(limiter, n)  # raises what is wrong
-        state = self._states.get((limiter, key))
+        which = (limiter, key)
+        if retry_id is not None:
+            repeated = self.goes.find(which, retry_id)
+            if repeated is not None:
+                self.stats[limiter].repeated += 1
+                return repeated
+        state = self._states.get(which)
         if state is None:
             state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
         if decision.go:
             if retry_id is not None:
-                self._goes.setdefault((limiter, key), {})[retry_id] = (now, decision.remaining)
+                self.goes.remember(which, retry_id, decision, now)
             if self._modes[limiter] == "gossip":
                 self._seq += 1
                 self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
@@ -274,14 +282,10 @@ class RateLimits:
         to its retry, which is not admitted again."""
         if retry_id is None:
             return None
-        goes = self._goes.get((limiter, key))
-        if not goes:
-            return None
-        remembered = goes.get(retry_id)
-        if remembered is None:
-            return None
-        self.stats[limiter].repeated += 1
-        return Decision(True, remembered[1], 0.0)
+        repeated = self.goes.find((limiter, key), retry_id)
+        if repeated is not None:
+            self.stats[limiter].repeated += 1
+        return repeated
 
     def tally(self, limiter: str, go: bool) -> None:
         stats = self.stats[limiter]
@@ -311,12 +315,8 @@ class RateLimits:
             state = self._states.pop(key, None) if drop else self._states.get(key)
             if state is not None:
                 algorithm = self._algorithms[key[0]]
-                goes = self._goes.pop(key, None) if drop else self._goes.get(key)
-                remembered = tuple(
-                    RememberedGo(retry_id, at, remaining)
-                    for retry_id, (at, remaining) in (goes or {}).items()
-                )
-                states.append(RateState(key[0], key[1], algorithm.values(state), remembered))
+                goes = self.goes.export(key, drop)
+                states.append(RateState(key[0], key[1], algorithm.values(state), goes))
         return RateStates(tuple(states))
 
     def store(self, states: tuple[RateState, ...]) -> None:
@@ -332,10 +332,7 @@ class RateLimits:
                 spent_at = self._spent_at(item.limiter, item.key)
                 known = algorithm.spent(spent_at) if spent_at is not None else None
             self._states[key] = algorithm.merge(known, state) if known is not None else state
-            if item.goes:
-                goes = self._goes.setdefault(key, {})
-                for go in item.goes:
-                    goes.setdefault(go.retry_id, (go.at, go.remaining))
+            self.goes.store(key, item.goes)
 
     def take_over(self, takeover: Takeover) -> None:
         """`takeover.owner` failed: its keys start spent (see `Takeover`)."""
@@ -390,18 +387,11 @@ class RateLimits:
     def evict(self, now: float) -> int:
         """Forget goes remembered long enough, and the keys whose state is as good as new (and
         that remember no go); how many keys went."""
-        for key, goes in list(self._goes.items()):
-            while goes:
-                retry_id, (at, _) = next(iter(goes.items()))
-                if at + REMEMBER_GOES_FOR > now:
-                    break
-                del goes[retry_id]
-            if not goes:
-                del self._goes[key]
+        self.goes.age(now)
         idle = [
             key
             for key, state in self._states.items()
-            if key not in self._goes and self._algorithms[key[0]].idle_at(state) <= now
+            if self._algorithms[key[0]].idle_at(state) <= now and not self.goes.has(key)
         ]
         for key in idle:
             del self._states[key]
@@ -413,9 +403,6 @@ class RateLimits:
     def keys(self) -> int:
         return len(self._states)
 
-    def remembered_goes(self) -> int:
-        return sum(len(goes) for goes in self._goes.values())
-
     def takeover_count(self) -> int:
         return len(self._takeovers)
 
@@ -426,6 +413,79 @@ class RateLimits:
             state = algorithm.new_state(now) if spent_at is None else algorithm.spent(spent_at)
             self._states[(limiter, key)] = state
         return state
+
+
+class RememberedGoes:
+    """Goes by the retry id of their request, per key, in two generations: a go is remembered
+    from its admission until the generation after its own ends. A generation ends after
+    `REMEMBER_GOES_FOR` seconds, or sooner once it holds half of `MAX_REMEMBERED_GOES` (its
+    predecessor's goes are then forgotten early, and counted)."""
+
+    __slots__ = ("_now", "_before", "_count", "_since", "forgotten_early")
+
+    def __init__(self) -> None:
+        self._now: dict[tuple[str, str], dict[int, Decision]] = {}
+        self._before: dict[tuple[str, str], dict[int, Decision]] = {}
+        self._count = 0  # in `_now`
+        self._since: float | None = None  # when `_now` began
+        self.forgotten_early = 0
+
+    def find(self, key: tuple[str, str], retry_id: int) -> Decision | None:
+        goes = self._now.get(key)
+        if goes is not None and retry_id in goes:
+            return goes[retry_id]
+        goes = self._before.get(key)
+        return None if goes is None else goes.get(retry_id)
+
+    def remember(self, key: tuple[str, str], retry_id: int, decision: Decision, now: float) -> None:
+        goes = self._now.get(key)
+        if goes is None:
+            goes = self._now[key] = {}
+        goes[retry_id] = decision
+        self._count += 1
+        if self._since is None:
+            self._since = now
+        elif self._count >= MAX_REMEMBERED_GOES // 2:
+            self.forgotten_early += sum(len(goes) for goes in self._before.values())
+            self._next(now)
+
+    def age(self, now: float) -> None:
+        """End the generation if it is old enough."""
+        if self._since is None:
+            self._since = now
+        elif now >= self._since + REMEMBER_GOES_FOR:
+            self._next(now)
+
+    def has(self, key: tuple[str, str]) -> bool:
+        return key in self._now or key in self._before
+
+    def export(self, key: tuple[str, str], drop: bool) -> tuple[RememberedGo, ...]:
+        """The goes of `key`, to hand over with its state; `drop` forgets them here."""
+        generations = [self._before.get(key), self._now.get(key)]
+        if drop:
+            self._before.pop(key, None)
+            self._count -= len(self._now.pop(key, None) or ())
+        return tuple(
+            RememberedGo(retry_id, decision.remaining)
+            for goes in generations
+            if goes
+            for retry_id, decision in goes.items()
+        )
+
+    def store(self, key: tuple[str, str], goes: tuple[RememberedGo, ...]) -> None:
+        """Goes handed over with `key`: remembered here from now on (a generation at least)."""
+        for go in goes:
+            if self.find(key, go.retry_id) is None:
+                self._now.setdefault(key, {})[go.retry_id] = Decision(True, go.remaining, 0.0)
+                self._count += 1
+
+    def __len__(self) -> int:
+        return sum(len(goes) for goes in self._now.values()) + sum(
+            len(goes) for goes in self._before.values()
+        )
+
+    def _next(self, now: float) -> None:
+        self._before, self._now, self._count, self._since = self._now, {}, 0, now
 
 
 class _Seen:

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sluicegate.cluster.rate_limits import REMEMBER_GOES_FOR
+from sluicegate.cluster.rate_limits import MAX_REMEMBERED_GOES, REMEMBER_GOES_FOR
 
 from .links import Links
 from .membership_actor import MembershipActor
@@ -74,8 +74,14 @@ class RateLimitCollector(Collector):
         )
         yield GaugeMetricFamily(
             "sluicegate_rate_limit_remembered_goes",
-            f"Goes remembered by their retry id, for retries ({REMEMBER_GOES_FOR:g} s each).",
-            value=core.remembered_goes(),
+            f"Goes remembered by their retry id for retries ({REMEMBER_GOES_FOR:g} s or more).",
+            value=len(core.goes),
+        )
+        yield CounterMetricFamily(
+            "sluicegate_rate_limit_goes_forgotten_early",
+            f"Remembered goes forgotten before {REMEMBER_GOES_FOR:g} s, to keep at most "
+            f"{MAX_REMEMBERED_GOES:,}.",
+            value=core.goes.forgotten_early,
         )
 
 

@@ -140,12 +140,11 @@ class RateLimitService:
         return [self._check(op.limiter, op.key, op.n, retry_id) for retry_id in retry_ids]
 
     def _check(self, limiter: str, key: str, n: int, retry_id: int | None) -> Decision:
-        repeated = self.core.repeat(limiter, key, retry_id)
-        if repeated is not None:
-            return repeated
-        queue = self._queues.get((limiter, key))
-        if queue:
-            retry_after = max(SOON, queue[0].retry_at - trio.current_time())
+        if self._queues and self._queues.get((limiter, key)):
+            repeated = self.core.repeat(limiter, key, retry_id)
+            if repeated is not None:
+                return repeated
+            retry_after = max(SOON, self._queues[limiter, key][0].retry_at - trio.current_time())
             return self.core.refuse_behind_waiters(limiter, n, retry_after)
         return self.core.check(limiter, key, n, self._clock(), retry_id=retry_id)
 

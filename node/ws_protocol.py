@@ -279,7 +279,10 @@ def _check(item: dict) -> RateCheck | RateChecks:
         key, n = _field(item, "key", str, ""), _field(item, "n", int, 1)
     times = item.get("times", 1)
     if times == 1 and type(times) is int:
-        return RateCheck(limiter, key, n, _retry_id(item))  # the usual case
+        retry_id = item.get("retry_id")
+        if retry_id is not None and not _is_retry_id(retry_id):
+            retry_id = _retry_id(item)  # raises what is wrong
+        return RateCheck(limiter, key, n, retry_id)  # the usual case
     times = _field(item, "times", int)
     if not 1 <= times <= MAX_REQUESTS_PER_FRAME:
         raise _BadRequest(f"field 'times' must be 1 to {MAX_REQUESTS_PER_FRAME}")

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.cluster import rate_limits
 from sluicegate.cluster.errors import InvalidWeight, UnknownLimiter
+from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import (
     REMEMBER_GOES_FOR,
     RateEvents,
@@ -117,21 +119,37 @@ def test_a_go_is_remembered_by_its_retry_id_and_moves_with_its_key():
     owner, successor = node("n1", 1), node("n2", 2)
     first = owner.check("api", "k", 3, 0.0, retry_id=7)
     assert first.go and first.remaining == 1
-    assert owner.repeat("api", "k", 7) == first  # the retry's answer: the same go
+    assert owner.check("api", "k", 3, 0.5, retry_id=7) == first  # a retry: the same go
+    assert owner.repeat("api", "k", 7) == first
     assert owner.repeat("api", "k", 8) is None and owner.repeat("api", "other", 7) is None
     assert owner.repeat("api", "k", None) is None
-    assert not owner.check("api", "k", 3, 0.0, retry_id=9).go
+    assert not owner.check("api", "k", 3, 0.5, retry_id=9).go
     assert owner.repeat("api", "k", 9) is None  # a sorry took nothing: decided again
-    assert owner.stats["api"].repeated == 1 and owner.remembered_goes() == 1
+    assert (owner.stats["api"].go, owner.stats["api"].repeated) == (1, 2)
+    assert len(owner.goes) == 1
 
     successor.store(owner.export(owner.held_keys(), drop=True).states)
-    assert owner.remembered_goes() == 0
-    assert successor.repeat("api", "k", 7) == first
+    assert len(owner.goes) == 0
+    assert successor.check("api", "k", 3, 1.0, retry_id=7) == first
 
-    # The bucket is full again after 4 s, but the key stays while it remembers a go.
-    assert successor.evict(10.0) == 0 and successor.keys() == 1
-    assert successor.evict(REMEMBER_GOES_FOR) == 1
-    assert successor.repeat("api", "k", 7) is None and successor.remembered_goes() == 0
+    # The bucket is full again after 4 s, but the key stays while it remembers a go: at least
+    # REMEMBER_GOES_FOR from when it came, at most twice that.
+    assert successor.evict(10.0) == 0
+    assert successor.evict(10.0 + REMEMBER_GOES_FOR) == 0
+    assert successor.repeat("api", "k", 7) == first
+    assert successor.evict(10.0 + 2 * REMEMBER_GOES_FOR) == 1
+    assert successor.repeat("api", "k", 7) is None and len(successor.goes) == 0
+
+
+def test_past_its_bound_the_memory_of_goes_forgets_the_older_half_early(monkeypatch):
+    monkeypatch.setattr(rate_limits, "MAX_REMEMBERED_GOES", 4)
+    goes = rate_limits.RememberedGoes()
+    for retry_id in range(7):
+        goes.remember(("api", "k"), retry_id, Decision(True, 0, 0.0), 0.0)
+    # Generations of two, long before REMEMBER_GOES_FOR: the third forgot the first, the
+    # fourth (6, so far) the second.
+    assert [goes.find(("api", "k"), r) is not None for r in range(7)] == [False] * 4 + [True] * 3
+    assert goes.forgotten_early == 4 and len(goes) == 3
 
 
 def owned_by(owner: str, members: tuple[str, ...], count: int = 1) -> list[str]:
