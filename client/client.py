@@ -254,20 +254,26 @@ class Client:
             try:
                 result = await connection.call(build(*args))
             except (ConnectionLost, UnknownPeer, Unavailable) as failure:
-                result = await self._call_patiently(lambda: build(*args), peer, failure)
+                result = await self._call_patiently(lambda: build(*args), peer, failure, connection)
         else:
-            result = await self._call_patiently(lambda: build(*args), peer, None)
+            result = await self._call_patiently(lambda: build(*args), peer, None, connection)
         return result if then is None else then(result)
 
     async def _call_patiently(
-        self, build: Callable[[], dict], peer: Peer | None, failure: Exception | None
+        self,
+        build: Callable[[], dict],
+        peer: Peer | None,
+        failure: Exception | None,
+        connection: Connection | None,
     ) -> object:
-        """`_call` after its first try, which failed with `failure` (None: not made)."""
+        """`_call` after its first try on `connection`, which failed with `failure` (None: not
+        made)."""
         recovery = CallRecovery(trio.current_time(), self._rng, has_peer=peer is not None)
-        connection = self._connection
         while True:
             if failure is not None:
-                decision = recovery.after(failure, trio.current_time())
+                # (The connection the failed try went on: another call may have moved this
+                # client to another node while this one waited to try again.)
+                decision = recovery.after(failure, trio.current_time(), connection)
                 if isinstance(decision, GiveUp):
                     raise decision.error
                 if isinstance(decision, RestorePeer):

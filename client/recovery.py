@@ -82,12 +82,16 @@ class CallRecovery:
         self._backoff = Backoff(rng)
         self._can_restore = has_peer
         self._unavailable_since: float | None = None
+        # Where the `unavailable` answers counted since then came from.
+        self._unavailable_from: object = None
 
     @property
     def give_up_at(self) -> float:
         return self._give_up_at
 
-    def after(self, failure: Exception, now: float) -> Decision:
+    def after(self, failure: Exception, now: float, node: object = None) -> Decision:
+        """`node`: whom the failed try asked (the client passes its connection); `unavailable`
+        answers count towards `MOVE_AFTER` only while they come from the same one."""
         if isinstance(failure, UnknownPeer):
             if not self._can_restore:
                 return GiveUp(failure)
@@ -99,8 +103,9 @@ class CallRecovery:
             return GiveUp(Unavailable(f"no node could serve the request: {failure}"))
         if not isinstance(failure, Unavailable):
             self._unavailable_since = None  # a new connection: maybe to another node
-        elif self._unavailable_since is None:
+        elif self._unavailable_since is None or node is not self._unavailable_from:
             self._unavailable_since = now
+            self._unavailable_from = node
         elif now >= self._unavailable_since + MOVE_AFTER:
             self._unavailable_since = None
             return Retry(self._backoff.wait(), elsewhere=True)

@@ -109,3 +109,15 @@ def test_node_choice_gives_up_after_a_round_past_the_deadline():
     assert nodes.failed(50.0, 40.0) == Retry(0.0)  # b is still worth a try
     decision = nodes.failed(50.0, 40.0)
     assert isinstance(decision, GiveUp) and "ws://a/ws" in str(decision.error)
+
+
+def test_unavailable_answers_count_per_node():
+    """A call that slept while another call moved the client to another node: the new node's
+    first `unavailable` starts the count again (simulations seed 3: the client left a node that
+    had answered unavailable once, for the paused one, and its peer expired meanwhile)."""
+    recovery = CallRecovery(0.0, random.Random(6), has_peer=True)
+    first, second = object(), object()
+    recovery.after(Unavailable("not served by n2 now"), 0.0, first)
+    assert not recovery.after(Unavailable("not served by n2 now"), 0.5, first).elsewhere
+    assert not recovery.after(Unavailable("n2 went down"), 4.8, second).elsewhere
+    assert recovery.after(Unavailable("n2 went down"), 5.9, second).elsewhere
