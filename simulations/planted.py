@@ -86,8 +86,8 @@ def duplicated_grant_on_retry() -> None:
 
 def rate_retry_decided_again() -> None:
     """A rate-limit check or wait that comes again (the client's retry, or the network's
-    repeat) is decided again: the goes remembered by retry id are never looked up."""
-    rate_limits.RateLimits.repeat = lambda self, limiter, key, retry_id: None
+    repeat) is decided again: the goes remembered by retry id are never found."""
+    rate_limits.RememberedGoes.find = lambda self, key, retry_id: None
 
 
 PLANTED: dict[str, Callable[[], None]] = {
