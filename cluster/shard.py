@@ -221,6 +221,12 @@ class ShardCore:
         # Pulls from nodes (and their lives) this node does not count as members yet; answered
         # once it does.
         self._deferred_pulls: dict[str, int] = {}
+        # Members this node saw gone and has heard no Pull or Handoff from since (on the same
+        # link as anything it said before): a node cut off steps down and pulls when it is back,
+        # and what it said before may arrive after this node counts it in again (told by
+        # others). Member -> when this node last pulled from it (to hear from one that did not
+        # step down; None: not yet).
+        self._cut: dict[str, float | None] = {}
         # This node's share as streamed to the others, and theirs as received.
         self._feed = ReplicaFeed()
         self._replicas: dict[str, ReplicaStore] = {}
@@ -399,6 +405,8 @@ class ShardCore:
         restarted = {m for m, g in members.items() if old_generations.get(m, g) != g}
         gone = (set(old_generations) - set(members)) | restarted
         gone.discard(me)
+        for member in gone:
+            self._cut[member] = None
         for member in gone:
             self._feed.restart(member)  # a new stream if it comes back
         # Tokens of a semaphore new to this node go on above every token an earlier owner gave,
@@ -678,12 +686,23 @@ class ShardCore:
                 self._held_back.append((sender, message))
             return
         peer_id = message.peer_id
-        if not isinstance(message, LockRelease) and sender not in self._ring.members:
+        if not isinstance(message, LockRelease) and (
+            sender not in self._ring.members or sender in self._cut
+        ):
             # Only members speak for locks. A node cut off (it stepped down, and forgot its
             # peers) may still have requests it made then on their way, and a request under a
-            # stale ticket would drop the lock the peer's home holds now. (A release quotes
-            # its lock's ticket, so it is safe from anyone.)
+            # stale ticket would drop the lock the peer's home holds now. They may come after
+            # it counts as a member again (heard of through others), but before its pull.
+            # (A release quotes its lock's ticket, so it is safe from anyone.)
             self._send(sender, LockRefused(peer_id, name, message.ticket))
+            probed = self._cut.get(sender, -math.inf)
+            if sender in self._ring.members and (
+                probed is None or self._now >= probed + self._pull_retry
+            ):
+                # One that did not step down does not pull: its answer to a pull comes after
+                # all it said before, as well.
+                self._cut[sender] = self._now
+                self._send(sender, Pull(self._generations[self.node_id]))
             return
         self._feed.semaphores_changed([name])
         if isinstance(message, LockRelease):
@@ -830,6 +849,8 @@ class ShardCore:
         in its view (views may differ for a moment; `_push_stranded` sends that on)."""
         if handoff.last:
             self._awaiting.pop(sender, None)
+            if self._cut.get(sender) is not None:  # pulled from it: maybe the answer
+                del self._cut[sender]
         now = self._now
         loaded = self._peers.load(handoff.peers, now)
         for peer_id in loaded:
@@ -853,6 +874,7 @@ class ShardCore:
         self._ring, self._generations = None, {}
         self._awaiting.clear()
         self._deferred_pulls.clear()
+        self._cut.clear()
         self._held_back.clear()
         self._replicas.clear()
         self._tickets.clear()
@@ -880,6 +902,8 @@ class ShardCore:
             case Reassert(names):
                 self._reassert(self._peers.peer_ids(), set(names).__contains__, self._now, sender)
             case Pull(generation):
+                # Whatever the sender said before it stepped down arrived before this.
+                self._cut.pop(sender, None)
                 self._answer_pull(sender, generation)
             case ReplicaDelta():
                 store = self._replicas.setdefault(sender, ReplicaStore())

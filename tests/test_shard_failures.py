@@ -13,7 +13,7 @@ from sluicegate.cluster.ring import Ring, peer_key
 from sluicegate.cluster.semaphore_leases import SemaphoreLeases
 from sluicegate.cluster.semaphore_ops import Acquire, apply
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
-from sluicegate.cluster.shard import Handoff, LockRefused, LockRequest, ShardCore
+from sluicegate.cluster.shard import Handoff, LockRefused, LockRequest, Pull, ShardCore
 
 from .shard_network import ShardNetwork
 
@@ -150,6 +150,36 @@ def test_an_owner_takes_no_lock_request_from_a_node_that_is_no_member():
     assert refusals == [LockRefused(peer, "B", 99)]
     assert net.acquired("B") == 2
     assert net.home(peer).locks_of(peer) == ["B"]
+
+
+def test_an_owner_takes_no_lock_request_from_a_member_back_before_its_pull():
+    """Seed 62: n3, cut off by a clog, stepped down; its request as a peer's home then came
+    out of the clog after the owner counted n3 in again (told by n1), and before n3's pull.
+    Under its stale ticket the owner dropped the lock the peer's home held now, and granted a
+    waiter: B went to 4 holders of 3."""
+    net = ShardNetwork(CONFIG, NODES)
+    owner = net.owner("B")
+    home_id = next(n for n in NODES if n != owner.node_id)
+    stranger = next(n for n in NODES if n not in (owner.node_id, home_id))
+    peer = net.new_peer(home_id)
+    assert net.acquire(peer, "B", 2) is True
+    net.partition([stranger], [owner.node_id, home_id])
+    # The owner hears of the stranger again through others; nothing came from it directly yet.
+    net.cut = []
+    net.change_members(only=[owner.node_id, home_id])
+    owner.on_message(stranger, LockRequest(peer, "B", 2, ticket=99), net.now)
+    said = [m for dest, _, m in owner.outbox() if dest == stranger]
+    # Refused, and asked to pull from (a node that did not step down would not pull itself).
+    assert said == [LockRefused(peer, "B", 99), Pull(owner._generations[owner.node_id])]
+    assert net.acquired("B") == 2
+    # Once its pull arrived (after all it said before), it speaks for locks again.
+    net.change_members(only=[stranger])
+    net.deliver_all()
+    other = 12345
+    owner.on_message(stranger, LockRequest(other, "B", 1, ticket=5), net.now)
+    answers = [m for dest, _, m in owner.outbox() if dest == stranger]
+    assert not any(isinstance(m, LockRefused) for m in answers)
+    assert net.acquired("B") == 3
 
 
 def test_a_fresh_acquire_drops_what_the_cluster_still_counts_for_the_peer():
