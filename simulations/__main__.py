@@ -65,11 +65,12 @@ def main() -> int:
         "chaos",
         help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
         description=(
-            "Three node processes behind HAProxy on loopback, client processes locking through "
-            "it, and one fault at a time: SIGKILL and restart, SIGSTOP and SIGCONT (shorter and "
-            "longer than a peer's expiry). Then the simulation's checkers judge what the "
-            "clients saw. Real processes cannot replay a run exactly: the seed picks the faults "
-            "and the clients' choices, not the timing. Exit status 0 only without violations."
+            "Three node processes behind HAProxy on loopback, client processes locking and "
+            "checking rate limits through it, and one fault at a time: SIGKILL and restart, "
+            "SIGSTOP and SIGCONT (shorter and longer than a peer's expiry). Then the "
+            "simulation's checkers judge what the clients saw. Real processes cannot replay a "
+            "run exactly: the seed picks the faults and the clients' choices, not the timing. "
+            "Exit status 0 only without violations."
         ),
     )
     chaos.add_argument("--duration", type=float, default=120.0, help="real seconds of workload")
@@ -176,6 +177,10 @@ def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int
     print(
         "refused     "
         + (", ".join(f"{why} {count}" for why, count in sorted(outcome.refusals.items())) or "none")
+    )
+    print(
+        "figures     "
+        + ", ".join(f"{name} {count}" for name, count in sorted(outcome.figures.items()))
     )
     print(f"violations  {len(outcome.violations)}")
     for violation in outcome.violations:

@@ -1,5 +1,5 @@
 """Chaos with real processes: three node processes behind a real HAProxy, client processes
-locking through it, and faults from the outside, one at a time:
+locking and checking rate limits through it, and faults from the outside, one at a time:
 
 * `kill`: SIGKILL a node, and start it again a moment later with the same id and port (so
   HAProxy's server line stays valid); it rejoins the others empty and pulls its share;
@@ -9,9 +9,14 @@ locking through it, and faults from the outside, one at a time:
 After each fault the cluster must be whole again within `RECOVERY_LIMIT` (every node serves,
 `GET /ready`, and counts every node a member), or the run records "stuck" and injects no more.
 At the end the clients stop, their journals (`simulations/chaos_client.py`) merge with the
-faults into one history, and the simulation's own checkers judge it (`simulations/checkers.py`).
-The run's directory keeps the node logs, the journals and the merged
-history (`history.txt`, with wall-clock times to match the logs).
+faults and the node lives (`up` when a node process starts, `down` once it is killed) into one
+history, and the simulation's own checkers judge it (`simulations/checkers.py`), rate limits
+included. Every process stamps the history with the wall clock (`chaos_client.CLOCK`), the
+clock the nodes decide their rate limits' windows on. The history has no `whole` events, so it
+has no quiet times: the checks that need the order of events at a node to be certain (`fifo`,
+and what a gossip node must have heard of) judge only simulations, whose messages take no time.
+The run's directory keeps the node logs, the journals and the merged history (`history.txt`,
+with wall-clock times to match the logs).
 
 Everything runs on loopback, on free ports; every wait is bounded; every process started here
 is killed in a `finally`. Real processes do not replay: a seed picks the faults, their victims
@@ -35,9 +40,10 @@ from pathlib import Path
 
 from sluicegate.node.config import parse_config
 
-from .chaos_client import CONNECTED, Journal, read_journal
+from .chaos_client import CLOCK, CONNECTED, Journal, read_journal
 from .checkers import check_history
 from .history import Event, History
+from .workload import RateSend
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,6 +54,11 @@ CONFIG_TEXT = """
 [semaphores]
 A = 1
 B = 3
+
+# As in simulations/run.py: the rate task of simulations/workload.py uses both.
+[rate_limits]
+exact = { algorithm = "fixed_window", limit = 3, window = "1s" }
+gossip = { algorithm = "fixed_window", limit = 5, window = "1s", mode = "gossip" }
 
 [cluster]
 down_after = "2s"
@@ -87,6 +98,8 @@ class ChaosOutcome:
     # node that woke from a long pause answers from its old state for a moment).
     refusals: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
+    # Counts that show what was judged: rate-limit requests sent, and those never answered.
+    figures: Counter = field(default_factory=Counter)
 
 
 class ChaosCluster:
@@ -155,7 +168,8 @@ class ChaosCluster:
 
 
 class ClientProcesses:
-    """The client processes, and the events their journals hold so far."""
+    """The client processes, and the events and rate-limit requests their journals hold so
+    far."""
 
     def __init__(self, workdir: Path, url: str, rng: random.Random) -> None:
         self.workdir = workdir
@@ -163,6 +177,8 @@ class ClientProcesses:
         self.seeds = {f"c{number}": rng.getrandbits(32) for number in range(CLIENTS)}
         self.processes: dict[str, subprocess.Popen] = {}
         self.events: dict[str, list[Event]] = {name: [] for name in self.seeds}
+        # By client, each request by its number in the journal, in its last state.
+        self.rate_sends: dict[str, dict[int, RateSend]] = {name: {} for name in self.seeds}
         self._read_up_to = dict.fromkeys(self.seeds, 0)
 
     def start(self) -> None:
@@ -201,7 +217,9 @@ class ClientProcesses:
                 new = journal.read()
             whole = new[: new.rfind(b"\n") + 1]
             self._read_up_to[name] += len(whole)
-            self.events[name].extend(read_journal(whole.decode("utf-8")))
+            events, sends = read_journal(whole.decode("utf-8"))
+            self.events[name].extend(events)
+            self.rate_sends[name].update(sends)
 
     def connected(self) -> bool:
         return all(
@@ -212,6 +230,11 @@ class ClientProcesses:
     def operations(self) -> int:
         kinds = ("granted", "released", "refused")
         return sum(1 for events in self.events.values() for e in events if e.kind in kinds)
+
+    def rate(self) -> list[RateSend]:
+        """Every rate-limit request of every client, in the order sent."""
+        sends = [send for sends in self.rate_sends.values() for send in sends.values()]
+        return sorted(sends, key=lambda send: send.sent)
 
     def stop(self) -> list[str]:
         """SIGTERM each, and wait (bounded); what went wrong with any of them."""
@@ -269,13 +292,14 @@ class ChaosRun:
         self.history = Journal(self._faults_file)
         self.cluster = ChaosCluster(self.workdir)
         self.clients: ClientProcesses | None = None
-        self._started = 0.0
+        self._started = 0.0  # time.monotonic(), for the run's own timing
+        self._started_at = 0.0  # the same moment on the history's clock
         self._last_progress = 0.0
 
     def run(self) -> ChaosOutcome:
         try:
             self._set_up()
-            self._started = time.monotonic()
+            self._started, self._started_at = time.monotonic(), CLOCK()
             self._inject_faults()
             self.outcome.duration = time.monotonic() - self._started
             self._finish()
@@ -288,6 +312,8 @@ class ChaosRun:
 
     def _set_up(self) -> None:
         self.cluster.start()
+        for node_id in NODE_IDS:
+            self.history.up(node_id)
         self._wait_for(lambda: not self.cluster.not_whole(), BOOT_TIMEOUT, "the cluster to boot")
         self.clients = ClientProcesses(self.workdir, self.cluster.client_url, self.rng)
         self.clients.start()
@@ -322,7 +348,9 @@ class ChaosRun:
         self.history.fault(kind, victim, lasting)
         if kind == "kill":
             node.kill()
+            self.history.down(victim)
             self._pause_for(lasting)
+            self.history.up(victim)
             node.restart()  # same id, same port; bounded (tests/nodes.py STARTUP_TIMEOUT)
         else:
             node.signal(signal.SIGSTOP)
@@ -339,28 +367,34 @@ class ChaosRun:
             [*self.history.events, *(e for events in self.clients.events.values() for e in events)],
             key=lambda event: event.at,
         )
-        merged = History(clock=time.monotonic)
+        merged = History(clock=CLOCK)
         merged.events = events
+        merged.rate = self.clients.rate()
         self._write_trace(events)
         self.outcome.operations = self.clients.operations()
+        self.outcome.figures = Counter(
+            {
+                "rate requests sent": len(merged.rate),
+                "rate requests unanswered": sum(1 for s in merged.rate if s.answered is None),
+            }
+        )
         self.outcome.refusals = Counter(
             e.detail.split(":")[0] for e in events if e.kind == "refused"
         )
         self.outcome.violations = check_history(merged, CONFIG, EXPIRES_IN)
         self.outcome.violations += problems + self.cluster.died()
-        # Times relative to the start of the workload read better than the machine's uptime.
-        self.outcome.violations = [_relative(v, self._started) for v in self.outcome.violations]
+        # Times relative to the start of the workload read better than the wall clock's.
+        self.outcome.violations = [_relative(v, self._started_at) for v in self.outcome.violations]
 
     def _write_trace(self, events: list[Event]) -> None:
         """The merged history, in `history.txt` beside the logs: seconds from the workload's
-        start, and the wall clock the node logs are stamped with."""
-        to_wall = time.time() - time.monotonic()
+        start, and the time of day, as the node logs are stamped."""
         lines = []
         for e in events:
-            wall = time.strftime("%H:%M:%S", time.localtime(e.at + to_wall))
-            fraction = f"{(e.at + to_wall) % 1:.3f}"[1:]
+            wall = time.strftime("%H:%M:%S", time.localtime(e.at))
+            fraction = f"{e.at % 1:.3f}"[1:]
             lines.append(
-                f"{e.at - self._started:9.3f} {wall}{fraction} {e.kind:<8} {e.who:<6} "
+                f"{e.at - self._started_at:9.3f} {wall}{fraction} {e.kind:<8} {e.who:<6} "
                 f"{e.semaphore} {e.count or ''}{'' if e.token is None else f' token={e.token}'}"
                 f"{f' peer={e.peer_id}' if e.peer_id else ''} {e.detail}".rstrip()
             )
@@ -398,14 +432,16 @@ class ChaosRun:
         elapsed = self._elapsed() if self._started else 0.0
         self.progress(
             f"{elapsed:4.0f}/{self.duration:g} s, {self.clients.operations()} operations, "
-            f"{faults} faults"
+            f"{len(self.clients.rate())} rate requests, {faults} faults"
         )
 
 
 def _relative(violation: str, started: float) -> str:
-    """'1234.5678: text' -> '12.3 s: text', timed from the workload's start."""
-    at, sep, text = violation.partition(": ")
+    """'[checker] 1234.5678: text' -> '[checker] 12.34 s: text', timed from the workload's
+    start (a violation that does not start so is left as it is)."""
+    head, sep, text = violation.partition(": ")
+    checker, _, at = head.rpartition(" ")
     try:
-        return f"{float(at) - started:.2f} s: {text}" if sep else violation
+        return f"{checker} {float(at) - started:.2f} s: {text}".lstrip() if sep else violation
     except ValueError:
         return violation

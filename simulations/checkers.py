@@ -7,13 +7,13 @@ Each violation reads `[checker] time: what`, so that a sweep can count them by c
 Client-observed holds are inside the real ones (a grant is seen after the owner made it, and a
 release is sent after the client stopped using the lock), so any overlap seen here happened at
 the owner too. A rate-limit decision was made between its request's sending and its answer's
-arrival (both seen on the wire: simulations/workload.py's `Tap`), in virtual time, which is also
-the nodes' clock.
+arrival (both seen on the wire: simulations/workload.py's `Tap`), stamped with the nodes'
+clock: virtual time in a simulation, the wall clock in a chaos run (simulations/chaos.py).
 
 Some promises can only be judged where the order of events at a node is certain: in *quiet*
 times, from `QUIET_AFTER` seconds after the cluster was whole again (every node serving and
 agreeing on the members) until the next fault. Messages take no virtual time then, so requests
-reach their owners in the order they were made.
+reach their owners in the order they were made. (A chaos run's history has no quiet times.)
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ def rate_limits(
                 if total > limit:
                     violations.append(
                         f"[rate-exact] {start + window:.4f}: {limiter} {key!r} admitted "
-                        f"{total} > {limit} in the window from {start:g} s"
+                        f"{total} > {limit} in the window from {start:.15g} s"
                     )
             continue
         for index, goes in sorted(certain.items()):
@@ -334,7 +334,7 @@ def rate_limits(
             if total > limit * running:
                 violations.append(
                     f"[rate-gossip] {start + window:.4f}: {limiter} {key!r} admitted {total} > "
-                    f"{limit} x {running} node lives in the window from {start:g} s"
+                    f"{limit} x {running} node lives in the window from {start:.15g} s"
                 )
             violations += _gossip_known(goes, limiter, key, limit, g, quiet)
         violations += _wrong_sorries(mine, limiter, key, limit, window)
@@ -446,7 +446,7 @@ def _wrong_sorries(sends, limiter: str, key: str, limit: int, window: float) -> 
             yield (
                 f"[rate-gossip] {send.answered:.4f}: {send.node} said sorry to {send.n} of "
                 f"{limiter} {key!r} though at most {could_have_gone} of {limit} had gone in "
-                f"the window from {start:g} s"
+                f"the window from {start:.15g} s"
             )
 
 

@@ -34,8 +34,9 @@ class Event:
 
 class History:
     def __init__(self, clock: Callable[[], float] = trio.current_time) -> None:
-        """`clock` stamps the events: trio's clock in a simulation (virtual time); a clock that
-        all processes share in a real run (`time.monotonic`, system-wide on Linux)."""
+        """`clock` stamps the events: trio's clock in a simulation (virtual time); in a real
+        run, the wall clock (`time.time`), which all processes share and the nodes decide
+        their rate limits' windows on."""
         self.events: list[Event] = []
         self.operations = 0
         self._clock = clock

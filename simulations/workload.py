@@ -11,13 +11,15 @@ Each client (`sluicegate.client.Client`, over the simulated network) runs
 
 `Tap` wraps a client's WebSocket: it records every rate-limit request as it leaves and its
 answer as it arrives (a request the client sends again after a broken connection, or one the
-network repeats, is another send, and may be another decision), and while the network
-duplicates it sends the client's request frames twice.
+network repeats, is another send, and may be another decision), and while the simulated network
+duplicates it sends the client's request frames twice. The chaos clients
+(simulations/chaos_client.py) wrap real WebSockets in it too, and run the same rate task.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgpack
@@ -92,19 +94,43 @@ class FencedResource:
 
 
 class Tap:
-    """A client's WebSocket to `node`, seen from the wire (see the module doc)."""
+    """A client's WebSocket to `node`, seen from the wire (see the module doc).
+
+    `node` may be None where the client cannot tell which node it reached (behind a load
+    balancer): the node's welcome names it. `network` is the simulated network, whose
+    duplicating the Tap carries out; None for a real socket, which nothing duplicates on.
+    `clock` stamps the sends and answers: the nodes' clock, so that the checkers place each
+    decision in the nodes' fixed windows."""
 
     # Set by `run --logs`: every request and answer, in the history (as notes).
     logging = False
 
-    __slots__ = ("_ws", "_client", "_node", "_history", "_network", "_waiting", "_greeted")
+    __slots__ = (
+        "_ws",
+        "_client",
+        "_node",
+        "_history",
+        "_network",
+        "_clock",
+        "_waiting",
+        "_greeted",
+    )
 
-    def __init__(self, ws, client: str, node: str, history: History, network: SimNetwork):
+    def __init__(
+        self,
+        ws,
+        client: str,
+        node: str | None,
+        history: History,
+        network: SimNetwork | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ):
         self._ws = ws
         self._client = client
         self._node = node
         self._history = history
         self._network = network
+        self._clock = clock
         # Request id -> its sends still unanswered on this connection, the oldest first.
         self._waiting: dict[int, list[RateSend]] = {}
         self._greeted = False  # the first message is the hello, sent once
@@ -118,7 +144,7 @@ class Tap:
             self._greeted = True
             await self._ws.send_message(message)
             return
-        copies = 2 if self._network.duplicating else 1
+        copies = 2 if self._network is not None and self._network.duplicating else 1
         for _ in range(copies):
             if Tap.logging:
                 self._history.note(f"{self._client} to {self._node}: {msgpack.unpackb(message)}")
@@ -130,6 +156,8 @@ class Tap:
 
     async def get_message(self) -> bytes:
         message = await self._ws.get_message()
+        if self._node is None:  # the first message is the welcome
+            self._node = str(msgpack.unpackb(message).get("node", "?"))
         if Tap.logging:
             answers = msgpack.unpackb(message, strict_map_key=False)
             self._history.note(f"{self._client} from {self._node}: {answers}")
@@ -144,7 +172,7 @@ class Tap:
         await self._ws.aclose()
 
     def _sending(self, requests: list[dict]) -> None:
-        now = trio.current_time()
+        now = self._clock()
         for request in requests:
             if request.get("op") not in ("check", "wait"):
                 continue
@@ -172,7 +200,7 @@ class Tap:
         decisions = None
         if "ok" in answer:
             decisions = answer["ok"] if isinstance(answer["ok"], list) else [answer["ok"]]
-        self._history.rate_answered(send, trio.current_time(), decisions, answer.get("error", ""))
+        self._history.rate_answered(send, self._clock(), decisions, answer.get("error", ""))
 
 
 async def client(
@@ -206,7 +234,7 @@ async def client(
                     resource,
                     random.Random(rng.getrandbits(64)),
                 )
-            tasks.start_soon(_rates, f"{name}.r", lib, history, random.Random(rng.getrandbits(64)))
+            tasks.start_soon(rates, f"{name}.r", lib, history, random.Random(rng.getrandbits(64)))
 
 
 async def _locker(
@@ -275,7 +303,9 @@ def _write(
     writes.start_soon(arrive_later, rng.uniform(0, WRITE_DELAY_MAX))
 
 
-async def _rates(name: str, client: Client, history: History, rng: random.Random) -> None:
+async def rates(name: str, client: Client, history: History, rng: random.Random) -> None:
+    """The rate task: checks of "gossip" and "exact", and waits on "exact", until cancelled.
+    What the nodes answered is recorded by the client's `Tap`; here only calls that raised."""
     while True:
         n = 2 if rng.random() < 0.2 else 1
         choice = rng.random()
