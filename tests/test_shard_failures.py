@@ -133,10 +133,8 @@ def test_a_lock_known_from_a_replica_keeps_its_token_only_under_its_own_ticket()
     assert successor.token(7, "A") > old
 
 
-def test_an_owner_takes_no_lock_request_from_a_node_that_is_no_member():
-    """Seed 32 (later): a node cut off, once healed, sent what it had asked for as the peer's
-    home before it stepped down; under its stale ticket the owner dropped the lock the home
-    holds now, and B went to 5 holders of 3."""
+def _b_held_and_a_third_node_cut_off():
+    """A peer holds 2 of B, and the node that is neither its home nor B's owner is cut off."""
     net = ShardNetwork(CONFIG, NODES)
     owner = net.owner("B")
     home_id = next(n for n in NODES if n != owner.node_id)
@@ -144,6 +142,14 @@ def test_an_owner_takes_no_lock_request_from_a_node_that_is_no_member():
     peer = net.new_peer(home_id)
     assert net.acquire(peer, "B", 2) is True
     net.partition([stranger], [owner.node_id, home_id])
+    return net, owner, stranger, peer
+
+
+def test_an_owner_takes_no_lock_request_from_a_node_that_is_no_member():
+    """Seed 32 (later): a node cut off, once healed, sent what it had asked for as the peer's
+    home before it stepped down; under its stale ticket the owner dropped the lock the home
+    holds now, and B went to 5 holders of 3."""
+    net, owner, stranger, peer = _b_held_and_a_third_node_cut_off()
     assert net.owner("B") is owner  # the stranger owned neither the semaphore nor the peer
     owner.on_message(stranger, LockRequest(peer, "B", 1, ticket=99), net.now)
     refusals = [m for dest, _, m in owner.outbox() if dest == stranger]
@@ -157,16 +163,10 @@ def test_an_owner_takes_no_lock_request_from_a_member_back_before_its_pull():
     out of the clog after the owner counted n3 in again (told by n1), and before n3's pull.
     Under its stale ticket the owner dropped the lock the peer's home held now, and granted a
     waiter: B went to 4 holders of 3."""
-    net = ShardNetwork(CONFIG, NODES)
-    owner = net.owner("B")
-    home_id = next(n for n in NODES if n != owner.node_id)
-    stranger = next(n for n in NODES if n not in (owner.node_id, home_id))
-    peer = net.new_peer(home_id)
-    assert net.acquire(peer, "B", 2) is True
-    net.partition([stranger], [owner.node_id, home_id])
+    net, owner, stranger, peer = _b_held_and_a_third_node_cut_off()
     # The owner hears of the stranger again through others; nothing came from it directly yet.
     net.cut = []
-    net.change_members(only=[owner.node_id, home_id])
+    net.change_members(only=[n for n in NODES if n != stranger])
     owner.on_message(stranger, LockRequest(peer, "B", 2, ticket=99), net.now)
     said = [m for dest, _, m in owner.outbox() if dest == stranger]
     # Refused, and asked to pull from (a node that did not step down would not pull itself).
