@@ -335,13 +335,21 @@ class RateLimits:
             self.goes.store(key, item.goes)
 
     def take_over(self, takeover: Takeover) -> None:
-        """`takeover.owner` failed: its keys start spent (see `Takeover`)."""
+        """`takeover.owner` failed: its keys start spent (see `Takeover`), and those this node
+        keeps a state of are spent as of then too (it may be the failed owner itself, woken
+        from a freeze, or an older owner of the keys)."""
         which = (takeover.owner, takeover.members, takeover.depth)
         known = self._takeovers.get(which)
-        if known is None:
-            self._takeovers[which] = (takeover, Ring(takeover.members))
-        elif takeover.at > known[0].at:
-            self._takeovers[which] = (takeover, known[1])
+        if known is not None and takeover.at <= known[0].at:
+            return
+        ring = known[1] if known is not None else Ring(takeover.members)
+        self._takeovers[which] = (takeover, ring)
+        for (limiter, key), state in self._states.items():
+            if self._modes[limiter] != "exact":
+                continue
+            if takeover.owner in ring.preference_list(rate_key(limiter, key), takeover.depth):
+                algorithm = self._algorithms[limiter]
+                self._states[limiter, key] = algorithm.merge(state, algorithm.spent(takeover.at))
 
     def takeovers(self, now: float) -> tuple[Takeover, ...]:
         """The takeovers that still matter at `now` (a key spent then is not as good as new)."""

@@ -106,6 +106,9 @@ class RateLimitService:
         self._leaving = False
         # Members awaited but not heard of until then count as failed (see `_look`).
         self._unseen_until = 0.0
+        # When the run loop last looked in: a longer gap than `_heard_within` means this node
+        # was frozen (see `_step_down_if_frozen`).
+        self._watched_at: float | None = None
         self._settle = 0.0
 
     def join_cluster(
@@ -179,6 +182,9 @@ class RateLimitService:
         next_eviction = trio.current_time() + EVICT_INTERVAL
         while True:
             await trio.sleep(self._gossip_interval)
+            if self._membership is not None:
+                self._step_down_if_frozen()
+                self._watched_at = trio.current_time()
             if self._membership is not None and trio.current_time() >= self._known_at:
                 self._members_known = True
                 self._look()
@@ -300,7 +306,22 @@ class RateLimitService:
         if self._owner(op) is not None:
             raise Unavailable("this key is decided by another node now; ask again")
 
+    def _step_down_if_frozen(self) -> None:
+        """On waking from a freeze (SIGSTOP, a stalled VM) longer than `heard_within`, before
+        deciding anything: the others may have counted this node down meanwhile, and decided
+        its keys from spent. It decides them again only once it has pulled them back, as a node
+        back in a majority does (chaos seed 11: a node woken from 3.5 s decided a key from its
+        own state before the new owner's state reached it, and the key admitted 5 of 3)."""
+        now = trio.current_time()
+        if self._watched_at is None or now - self._watched_at <= self._heard_within:
+            return
+        self._watched_at = now
+        if self._members is not None:
+            log.warning("Frozen: deciding no exact key until the others have handed them back.")
+            self._members = None
+
     def _refuse_until_handed_over(self) -> None:
+        self._step_down_if_frozen()
         if self._leaving:
             raise Unavailable("this node is leaving the cluster")
         if not self._members_known:

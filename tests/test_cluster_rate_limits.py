@@ -109,11 +109,13 @@ async def checks_until_decided(client, limiter: str, key: str, sorry_after: int)
         assert went <= sorry_after
 
 
-@pytest.mark.parametrize("ends", ["killed", "stopped"])
+@pytest.mark.parametrize("ends", ["killed", "stopped", "frozen"])
 async def test_a_keys_owner_that_ends_mid_window(tmp_path, ends):
     """Killed, the owner may have admitted the other 10 of the bucket before it died, for all
     its new owner knows: the bucket starts empty there, and refills at its rate. Stopped
-    (SIGTERM), it hands the key over before its goodbye: nothing lost, nothing spent beyond."""
+    (SIGTERM), it hands the key over before its goodbye: nothing lost, nothing spent beyond.
+    Frozen (SIGSTOP) until the others count it down, it is taken over as if killed; woken, it
+    decides the key again only once they handed it back, spent."""
     with running_cluster(tmp_path, CONFIG) as (nodes, balancer):
         owner = nodes[Ring(nodes).owner(rate_key("killed", "k"))]
         survivor = next(node for node in nodes.values() if node is not owner)
@@ -122,20 +124,28 @@ async def test_a_keys_owner_that_ends_mid_window(tmp_path, ends):
             async with await sg.connect([ws_url(survivor)]) as client:
                 for _ in range(15):
                     assert (await client.check("killed", key="k")).go
-                if ends == "killed":
-                    owner.kill()
+                if ends == "stopped":
+                    assert owner.stop() == 0
+                else:
+                    owner.kill() if ends == "killed" else owner.signal(signal.SIGSTOP)
                     wait_until(
                         lambda: all(gauge(n, "sluicegate_members_up") == 2 for n in others),
                         15,
                         "the others to see the owner gone",
                     )
-                else:
-                    assert owner.stop() == 0
+                if ends == "frozen":
+                    owner.signal(signal.SIGCONT)
+                    async with await sg.connect([ws_url(owner)]) as at_owner:
+                        went, _ = await checks_until_decided(at_owner, "killed", "k", 10)
+                    assert went == 0  # not from the 10 its own bucket held
                 went, sorry = await checks_until_decided(client, "killed", "k", sorry_after=10)
-        if ends == "killed":
+        if ends != "stopped":
             assert went == 0
             assert sorry.retry_after > 1000  # a token in 1 / 0.0001 s
-            assert all(gauge(n, "sluicegate_rate_limit_takeovers") == 1 for n in others)
+            takeovers = [gauge(n, "sluicegate_rate_limit_takeovers") for n in others]
+            # (The frozen owner may wake before a node that only forwards its keys looked at
+            # the members, and be counted down again while it catches up.)
+            assert takeovers == [1, 1] if ends == "killed" else max(takeovers) >= 1, takeovers
         else:
             assert went == 10  # a bucket of 25
             assert all(gauge(n, "sluicegate_rate_limit_takeovers") == 0 for n in others)

@@ -177,6 +177,11 @@ def test_the_keys_of_a_failed_owner_start_spent_and_no_others():
     third.take_over(Takeover("n1", members, 10.0))
     third.store(handed.export(handed.held_keys()).states)
     assert not third.check("api", theirs, 1, 10.5).go
+    # The failed owner's own state, woken from a freeze and told it was taken over, too.
+    woken = node("n1", 5)
+    woken.check("api", theirs, 1, 9.0)
+    woken.take_over(Takeover("n1", members, 10.0))
+    assert not woken.check("api", theirs, 1, 10.5).go
 
 
 def test_takeovers_travel_to_joiners_and_end_when_a_spent_key_would_be_as_good_as_new():
