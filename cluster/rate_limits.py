@@ -37,7 +37,7 @@ MODES = ("exact", "gossip")
 # `FORWARD_TIMEOUT`, 10 s, of its sending).
 REMEMBER_GOES_FOR = 45.0
 # Unless a node admits more than half this many requests with a retry id in that time: then
-# the older half is forgotten sooner. (About 150 bytes each: 75 MB at most.)
+# the older half is forgotten sooner. (About 170 bytes each: 85 MB at most.)
 MAX_REMEMBERED_GOES = 500_000
 
 
