@@ -207,8 +207,10 @@ def test_a_node_without_a_majority_decides_gossip_keys_but_no_exact_ones(tmp_pat
                 node.signal(signal.SIGCONT)
         wait_until(lambda: all(is_ready(n.url) for n in nodes.values()), 20, "all serve again")
         # Back in the majority, it asks the others for its exact keys before it decides them.
+        # (Go, or sorry: if the survivor counted the key's owner down while it still had n3
+        # with it, the key starts spent, as after any failure.)
         wait_until(
-            lambda: post(survivor, "/rate_limits/exact/check?key=cut-off") == 200,
+            lambda: post(survivor, "/rate_limits/exact/check?key=cut-off") in (200, 429),
             10,
             "exact checks decided again",
         )
