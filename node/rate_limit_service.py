@@ -185,11 +185,11 @@ class RateLimitService:
             if self._membership is not None:
                 self._step_down_if_frozen()
                 self._watched_at = trio.current_time()
-            if self._membership is not None and trio.current_time() >= self._known_at:
-                self._members_known = True
-                self._look()
-                for node_id in sorted(self._awaiting):
-                    self._links.send(node_id, RatePull())
+                if self._watched_at >= self._known_at:
+                    self._members_known = True
+                    self._look()
+                    for node_id in sorted(self._awaiting):
+                        self._links.send(node_id, RatePull())
             self._share_events()
             if trio.current_time() >= next_eviction:
                 self.core.evict(self._clock())

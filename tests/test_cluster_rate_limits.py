@@ -127,7 +127,10 @@ async def test_a_keys_owner_that_ends_mid_window(tmp_path, ends):
                 if ends == "stopped":
                     assert owner.stop() == 0
                 else:
-                    owner.kill() if ends == "killed" else owner.signal(signal.SIGSTOP)
+                    if ends == "killed":
+                        owner.kill()
+                    else:
+                        owner.signal(signal.SIGSTOP)
                     wait_until(
                         lambda: all(gauge(n, "sluicegate_members_up") == 2 for n in others),
                         15,
