@@ -21,7 +21,7 @@ Nothing here assumes messages arrive. A home sends a request or restore again ev
 whether it still wants the locks it holds for it (`Audit`) and drops those it does not. All of it
 is idempotent, so lost, repeated and late messages all settle.
 
-Every node streams its share to the others (`cluster/replication.py`, driven by `replicate`).
+Every node streams its share to the others (`cluster/replica_stream.py`, driven by `replicate`).
 When members change (`change_members`):
 * a member that is gone (dead, left, or restarted with a new generation) leaves its keys to its
   ring successors, which take them over from their replica of it, and ask every member to
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from .errors import NotServing
 from .peers import AskOwner, PeerRecord, PeerRemoved, PeerTable
-from .replication import PART_RECORDS, ReplicaDelta, ReplicaFeed, ReplicaResync, ReplicaStore
+from .replica_stream import PART_RECORDS, ReplicaDelta, ReplicaFeed, ReplicaResync, ReplicaStore
 from .ring import Ring, peer_key, semaphore_key
 from .semaphore_leases import (
     LockGranted,
@@ -524,7 +524,7 @@ class ShardCore:
 
     def replicate(self, now: float) -> None:
         """Stream what changed since the last call to every other member (see
-        `cluster/replication.py`); a member new to the stream gets a whole copy."""
+        `cluster/replica_stream.py`); a member new to the stream gets a whole copy."""
         self._now = now
         if self._ring is None:
             return

@@ -18,7 +18,7 @@ from sluicegate.cluster.rate_limits import (
     RememberedGo,
     Takeover,
 )
-from sluicegate.cluster.replication import ReplicaDelta, ReplicaResync
+from sluicegate.cluster.replica_stream import ReplicaDelta, ReplicaResync
 from sluicegate.cluster.semaphore_leases import SemaphoreRecord
 from sluicegate.cluster.semaphore_ops import (
     Acquire,

@@ -11,7 +11,7 @@
 
 This module also feeds the core what it needs from the node: the members (checked every
 `WATCH_INTERVAL`), and the moments to stream what changed in this node's share to the other
-members (every `REPLICATION_INTERVAL`, and once more when it stops; `cluster/replication.py`).
+members (every `REPLICATION_INTERVAL`, and once more when it stops; `cluster/replica_stream.py`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_str
 
 from sluicegate.cluster.membership import Gossip
 from sluicegate.cluster.rate_limits import RateEvents, RateLimits
-from sluicegate.cluster.replication import ReplicaDelta
+from sluicegate.cluster.replica_stream import ReplicaDelta
 from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import (
     Audit,

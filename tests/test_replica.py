@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluicegate.cluster.errors import SemaphoreError
-from sluicegate.cluster.replication import ReplicaDelta
+from sluicegate.cluster.replica_stream import ReplicaDelta
 from sluicegate.cluster.semaphores import Replica, SemaphoreConfig, SemaphoreCore
 from sluicegate.node.link_codec import LINK_CODEC
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sluicegate.cluster.peers import PeerRecord
-from sluicegate.cluster.replication import (
+from sluicegate.cluster.replica_stream import (
     PART_RECORDS,
     ReplicaDelta,
     ReplicaFeed,
