@@ -190,13 +190,7 @@ class Client:
         peer stays marked unsettled and is dropped rather than reused (its expiry frees it)."""
         lease._scope = None
         self._leases.discard(lease)
-        self._session.released(peer, semaphore)
-        peer.unsettled = True
-        try:
-            await self._call(peer, self._session.release, peer, semaphore)
-        except Unavailable:
-            return
-        peer.unsettled = False
+        await self._release(peer, semaphore)
 
     async def _put_back(self, peer: Peer) -> None:
         self._session.put_back(peer)
@@ -209,16 +203,13 @@ class Client:
         self, peer: Peer, semaphore: str, count: int, timeout: float | None
     ) -> Lease:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
-        # A peer that holds nothing says so with its first ask (the cluster releases anything
-        # it still counts for it); later asks, of a lock that waits in line, keep its place.
-        fresh = not peer.held
         while True:
             now = trio.current_time()
             wait = min(max(deadline - now, 0.0), WAIT_SLICE)
+            seq = self._session.next_op(peer)
             result = await self._call(
-                peer, self._session.acquire, peer, semaphore, count, wait, fresh
+                peer, self._session.acquire, peer, semaphore, count, wait, seq
             )
-            fresh = False
             self._session.renewed(peer, now)  # an acquire prolongs its peer too
             if self._session.acquired(peer, semaphore, count, result):
                 lease = Lease(semaphore, count, peer.held[semaphore].token, peer.peer_id)
@@ -230,11 +221,18 @@ class Client:
                 raise LockTimeout(f"{semaphore!r} not granted within {timeout} s")
 
     async def _release(self, peer: Peer, semaphore: str) -> None:
+        """Release or withdraw a lock. A release no node confirmed leaves the peer unsettled
+        for good: the cluster may still count that lock, so the peer is not reused (its expiry
+        frees it)."""
         self._session.released(peer, semaphore)
+        settled = not peer.unsettled
+        peer.unsettled = True
+        seq = self._session.next_op(peer)
         try:
-            await self._call(peer, self._session.release, peer, semaphore)
+            await self._call(peer, self._session.release, peer, semaphore, seq)
         except Unavailable:
-            pass  # the peer's expiry releases it in the end
+            return
+        peer.unsettled = not settled
 
     async def _call(
         self,
@@ -245,8 +243,9 @@ class Client:
     ) -> object:
         """Run the request `build(*args)` makes on some node: reconnect (to the next URL) when
         the connection breaks, restore `peer` when a node forgot it, retry while the cluster is
-        unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent (a
-        rate-limit request by its retry id), so a retry after a broken connection is safe.
+        unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent (an
+        operation on a peer's locks by its number, a rate-limit request by its retry id), so a
+        retry after a broken connection is safe, and a copy that waited somewhere is refused.
         (The usual case, one request and its answer, comes first and without the retry
         machinery: it is the hot path of every call.)"""
         connection = self._connection

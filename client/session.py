@@ -116,6 +116,9 @@ class Peer:
     # When each heartbeat of it on its way was sent (several, when answers take longer than a
     # beat).
     heartbeats_sent: list[float] = field(default_factory=list)
+    # The number of the last operation on it that changes its locks: each new one gets the next
+    # (a retry keeps its own), so a node refuses a copy that waited somewhere as stale.
+    ops: int = 0
 
 
 class Session:
@@ -171,16 +174,27 @@ class Session:
             self._idle.append(peer)
 
     def restore(self, peer: Peer) -> dict:
-        """What recreates `peer` at a node that forgot it: exactly the locks it holds."""
+        """What recreates `peer` at a node that forgot it: exactly the locks it holds, as of
+        its last operation (a retry of that one may follow)."""
         acquired = {name: held.count for name, held in peer.held.items()}
         return self.request(
-            "restore", peer=peer.peer_id, expires_in=self.expires_in, acquired=acquired
+            "restore",
+            peer=peer.peer_id,
+            expires_in=self.expires_in,
+            acquired=acquired,
+            seq=peer.ops or None,
         )
+
+    @staticmethod
+    def next_op(peer: Peer) -> int:
+        """The number of a new operation on `peer`'s locks."""
+        peer.ops += 1
+        return peer.ops
 
     # The two requests of every lock, built directly (the hot path).
 
     def acquire(
-        self, peer: Peer, semaphore: str, count: int, wait: float | None, fresh: bool = False
+        self, peer: Peer, semaphore: str, count: int, wait: float | None, seq: int
     ) -> dict:
         request = {
             "id": next(self._ids),
@@ -189,19 +203,19 @@ class Session:
             "semaphore": semaphore,
             "count": count,
             "expires_in": self.expires_in,
+            "seq": seq,
         }
         if wait is not None:
             request["wait"] = wait
-        if fresh:
-            request["fresh"] = True
         return request
 
-    def release(self, peer: Peer, semaphore: str) -> dict:
+    def release(self, peer: Peer, semaphore: str, seq: int) -> dict:
         return {
             "id": next(self._ids),
             "op": "release",
             "peer": peer.peer_id,
             "semaphore": semaphore,
+            "seq": seq,
         }
 
     def check(self, limiter: str, key: str, n: int, retry_id: int) -> dict:

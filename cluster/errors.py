@@ -59,6 +59,16 @@ class ShrinkingLockCount(SemaphoreError):
     """Asking again for a lock with a smaller count; Throttle does not implement it, nor do we."""
 
 
+class StaleOperation(SemaphoreError):
+    """A client's operation numbered below one already applied to the peer: a copy that waited
+    somewhere while the client went on. It changes nothing."""
+
+    def __init__(self, op: int, applied: int) -> None:
+        super().__init__(op, applied)
+        self.op = op
+        self.applied = applied
+
+
 class NotServing(SemaphoreError):
     """In a cluster: this node does not serve that peer or semaphore now (it belongs to another
     node, or its state is on its way here). Nothing changed; trying again later works."""

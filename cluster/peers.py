@@ -1,10 +1,15 @@
 """The home's side of peers: expiry, held and pending locks, and every peer-level rule.
 
-In a cluster, a peer's home (the ring owner of its id) serialises the peer's operations across
+In a cluster, a peer's home (the owner of its slot) serialises the peer's operations across
 semaphores owned by other nodes: it runs acquire checks 1 to 8 of THROTTLE_API.md (configuration,
 expiry update, count, unknown peer, idempotency, levels, one pending lock) and only then asks the
 semaphore's owner for check 9, whether the count fits. The peer counts as pending from that moment
 until the owner's grant arrives (`granted`).
+
+Each lock a peer asks for gets the next number of the peer's ticket counter: messages about the
+lock quote it, and an owner ignores anything below the latest ticket it has seen of the peer
+(docs/cluster.md, O3). A client may number its operations on a peer (`op`); one numbered below
+the highest applied is stale and refused.
 
 Pure: `now` comes in; expiry is driven by `next_deadline()` and `expire(now)` over a lazy heap.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import (
     AlreadyPending,
@@ -23,10 +28,12 @@ from .errors import (
     LockNeverAcquirable,
     RestoreConflict,
     ShrinkingLockCount,
+    StaleOperation,
     UnknownPeer,
     UnknownSemaphore,
 )
 from .semaphore_leases import SemaphoreConfig
+from .slots import STRETCH
 
 
 @dataclass(frozen=True)
@@ -39,42 +46,57 @@ class PeerRemoved:
 
 @dataclass(frozen=True, slots=True)
 class PeerRecord:
-    """One peer in a replica: its remaining lifetime, not a deadline, so no clock is shared;
-    `lease`, the lifetime its client last asked for. `provisional`: taken over from a replica,
-    not confirmed by its client since."""
+    """One peer as written to its slot's acceptors: its remaining lifetime (not a deadline: no
+    clock is shared); `lease`, the lifetime its client last asked for; its locks with their
+    tickets, and the fencing tokens of those held; the next ticket; the highest numbered client
+    operation applied."""
 
     peer_id: int
     expires_in: float
+    lease: float
     held: Mapping[str, int]
     pending_semaphore: str | None
     pending_count: int
-    provisional: bool = False
-    lease: float = 0.0
+    tickets: Mapping[str, int]
+    tokens: Mapping[str, int]
+    next_ticket: int
+    last_op: int
+
+    @property
+    def key(self) -> int:
+        return self.peer_id
+
+    def aged(self, elapsed: float) -> PeerRecord:
+        """This record `elapsed` seconds later, after a hop (`STRETCH`)."""
+        return replace(self, expires_in=max(0.0, self.expires_in * STRETCH - elapsed))
 
 
 @dataclass(frozen=True)
 class AskOwner:
-    """Acquire passed every peer-level check: the semaphore's owner decides (check 9)."""
+    """Acquire passed every peer-level check: the semaphore's owner decides (check 9) the lock
+    of this `ticket`."""
 
     semaphore: str
     count: int
+    ticket: int
 
 
 class _Peer:
-    __slots__ = ("held", "pending", "expires_at", "provisional", "lease")
+    __slots__ = ("held", "pending", "expires_at", "lease", "tickets", "tokens", "next_ticket", "op")
 
-    def __init__(
-        self, expires_at: float, held: dict[str, int], provisional: bool = False, lease: float = 0.0
-    ) -> None:
+    def __init__(self, expires_at: float, held: dict[str, int], lease: float = 0.0) -> None:
         self.held = held
         # The one lock this peer waits for, (semaphore, count), or None.
         self.pending: tuple[str, int] | None = None
         self.expires_at = expires_at
-        # Taken over from a replica, which may be behind: the client says what it holds (it
-        # restores the peer) before the peer serves it again.
-        self.provisional = provisional
         # The lifetime its client last asked for (a heartbeat, or an acquire's `expires_in`).
         self.lease = lease
+        # The ticket of each lock held or pending, and the token of each held one.
+        self.tickets: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.next_ticket = 1
+        # The highest numbered operation of its client applied (0: none).
+        self.op = 0
 
     def locks(self) -> list[str]:
         """Semaphores this peer holds or waits for: what its owners must release when it goes."""
@@ -82,6 +104,11 @@ class _Peer:
         if self.pending is not None:
             names.append(self.pending[0])
         return names
+
+    def ticket(self, semaphore: str) -> int:
+        ticket = self.tickets[semaphore] = self.next_ticket
+        self.next_ticket += 1
+        return ticket
 
 
 class PeerTable:
@@ -105,18 +132,29 @@ class PeerTable:
             peer_id = rng.getrandbits(64)
             if peer_id not in self._peers and homed_here(peer_id):
                 break
-        self._add(peer_id, _Peer(expires_at, {}, lease=lease))
+        self._add(peer_id, _Peer(expires_at, {}, lease))
         return peer_id
+
+    def numbered(self, peer_id: int, op: int | None) -> None:
+        """The client's operation number `op` (None: unnumbered): refuse it as stale below the
+        highest applied, else note it as applied."""
+        if op is None:
+            return
+        peer = self._peer(peer_id)
+        if op < peer.op:
+            raise StaleOperation(op, peer.op)
+        peer.op = op
 
     def heartbeat(self, peer_id: int, expires_at: float, lease: float = 0.0) -> None:
         peer = self._peer(peer_id)
         peer.lease = lease
         self._set_expiry(peer, peer_id, expires_at)
 
-    def remove(self, peer_id: int) -> list[str] | None:
-        """Delete a peer; the semaphores its owners must release, or None if it was not there."""
+    def remove(self, peer_id: int) -> list[tuple[str, int]] | None:
+        """Delete a peer; its locks (semaphore, ticket) its owners must release, or None if it
+        was not there."""
         peer = self._peers.pop(peer_id, None)
-        return peer.locks() if peer is not None else None
+        return _locks(peer) if peer is not None else None
 
     def is_acquired(self, peer_id: int) -> bool:
         return self._peer(peer_id).pending is None
@@ -127,20 +165,10 @@ class PeerTable:
     def has_peer(self, peer_id: int) -> bool:
         return peer_id in self._peers
 
-    def is_provisional(self, peer_id: int) -> bool:
-        """Taken over from a replica and not restored by its client since: its locks may be
-        behind what the client holds, or ahead of it."""
+    def wants(self, peer_id: int, semaphore: str, ticket: int) -> bool:
+        """Does the peer hold or wait for the lock of `ticket` on `semaphore`, or a later one?"""
         peer = self._peers.get(peer_id)
-        return peer is not None and peer.provisional
-
-    def wants(self, peer_id: int, semaphore: str) -> int | None:
-        """The count the peer holds or waits for on `semaphore`; None if neither."""
-        peer = self._peers.get(peer_id)
-        if peer is None:
-            return None
-        if peer.pending is not None and peer.pending[0] == semaphore:
-            return peer.pending[1]
-        return peer.held.get(semaphore)
+        return peer is not None and peer.tickets.get(semaphore, 0) >= ticket
 
     def holds(self, peer_id: int, semaphore: str) -> int | None:
         """The count the peer holds on `semaphore`; None unless it holds it."""
@@ -157,16 +185,33 @@ class PeerTable:
         peer = self._peers.get(peer_id)
         return peer.pending if peer is not None else None
 
-    def locks(self, peer_ids: Iterator[int] | None = None) -> Iterator[tuple[int, str, int, bool]]:
-        """(peer id, semaphore, count, waiting?) of every lock of `peer_ids` (default: all)."""
+    def ticket(self, peer_id: int, semaphore: str) -> int | None:
+        peer = self._peers.get(peer_id)
+        return peer.tickets.get(semaphore) if peer is not None else None
+
+    def token(self, peer_id: int, semaphore: str) -> int | None:
+        """The fencing token of the peer's held lock on `semaphore`, once its owner said it."""
+        peer = self._peers.get(peer_id)
+        return peer.tokens.get(semaphore) if peer is not None else None
+
+    def lease(self, peer_id: int) -> float:
+        """The lifetime the peer's client last asked for."""
+        return self._peer(peer_id).lease
+
+    def locks(
+        self, peer_ids: Iterable[int] | None = None
+    ) -> Iterator[tuple[int, str, int, bool, int]]:
+        """(peer id, semaphore, count, waiting?, ticket) of every lock of `peer_ids` (default:
+        all)."""
         for peer_id in self._peers if peer_ids is None else peer_ids:
             peer = self._peers.get(peer_id)
             if peer is None:
                 continue
             for name, count in peer.held.items():
-                yield peer_id, name, count, False
+                yield peer_id, name, count, False, peer.tickets[name]
             if peer.pending is not None:
-                yield peer_id, peer.pending[0], peer.pending[1], True
+                name, count = peer.pending
+                yield peer_id, name, count, True, peer.tickets[name]
 
     # -- locks -------------------------------------------------------------------------------
 
@@ -208,36 +253,45 @@ class PeerTable:
         if peer.pending is not None:
             raise AlreadyPending()
         peer.pending = (semaphore, count)
-        return AskOwner(semaphore, count)
+        return AskOwner(semaphore, count, peer.ticket(semaphore))
 
-    def granted(self, peer_id: int, semaphore: str, count: int) -> bool:
-        """The owner granted the peer's pending lock; False if the peer no longer waits for it
-        (then the owner holds a lock nobody wants and must be told to release it)."""
+    def granted(self, peer_id: int, semaphore: str, ticket: int, token: int) -> bool:
+        """The owner granted the lock of `ticket` (with `token`); False if the peer no longer
+        waits for that lock (then the owner holds a lock nobody wants and must release it)."""
         peer = self._peers.get(peer_id)
-        if peer is None or peer.pending != (semaphore, count):
+        if peer is None or peer.tickets.get(semaphore) != ticket:
             return False
-        peer.pending = None
-        peer.held[semaphore] = count
+        if peer.pending is not None and peer.pending[0] == semaphore:
+            peer.held[semaphore] = peer.pending[1]
+            peer.pending = None
+        elif semaphore not in peer.held:
+            return False
+        peer.tokens[semaphore] = token
         return True
 
-    def release_lock(self, peer_id: int, semaphore: str) -> bool:
-        """Release a held lock or withdraw the pending one; True if the owner must be told."""
+    def release_lock(self, peer_id: int, semaphore: str) -> int | None:
+        """Release a held lock or withdraw the pending one; the ticket the owner must be told
+        of, or None if there was nothing to release."""
         if semaphore not in self._config:
             raise UnknownSemaphore(semaphore)
         peer = self._peer(peer_id)
-        if peer.held.pop(semaphore, None) is not None:
-            return True
-        if peer.pending is not None and peer.pending[0] == semaphore:
+        if peer.held.pop(semaphore, None) is None:
+            if peer.pending is None or peer.pending[0] != semaphore:
+                return None
             peer.pending = None
-            return True
-        return False
+        peer.tokens.pop(semaphore, None)
+        return peer.tickets.pop(semaphore)
 
     def restore(
-        self, peer_id: int, acquired: Mapping[str, int], expires_at: float, lease: float = 0.0
-    ) -> bool:
-        """Recreate a forgotten peer holding `acquired`; True if created (or a provisional one
-        replaced), False if an identical peer exists already (accepted as it is, its expiry
-        untouched)."""
+        self,
+        peer_id: int,
+        acquired: Mapping[str, int],
+        expires_at: float,
+        lease: float = 0.0,
+        op: int | None = None,
+    ) -> dict[str, int] | None:
+        """Recreate a forgotten peer holding `acquired`; the tickets of its locks if created,
+        None if an identical peer exists already (accepted as it is, its expiry untouched)."""
         for name in acquired:
             if name not in self._config:
                 raise UnknownSemaphore(name)
@@ -245,14 +299,17 @@ class PeerTable:
             if count < 1:
                 raise InvalidLockCount(count)
         existing = self._peers.get(peer_id)
-        if existing is not None and not existing.provisional:
+        if existing is not None:
             if existing.pending is None and existing.held == dict(acquired):
-                return False
+                return None
             raise RestoreConflict()
-        self._add(peer_id, _Peer(expires_at, dict(acquired), lease=lease))
-        return True
+        peer = _Peer(expires_at, dict(acquired), lease)
+        peer.op = op or 0
+        tickets = {name: peer.ticket(name) for name in acquired}
+        self._add(peer_id, peer)
+        return tickets
 
-    # -- replicas ----------------------------------------------------------------------------
+    # -- records -----------------------------------------------------------------------------
 
     def snapshot(self, now: float, peer_ids: Iterable[int] | None = None) -> list[PeerRecord]:
         """Records of the peers `peer_ids` (default: all), with lifetimes remaining from `now`."""
@@ -261,49 +318,44 @@ class PeerTable:
             PeerRecord(
                 peer_id,
                 peer.expires_at - now,
+                peer.lease,
                 dict(peer.held),
                 peer.pending[0] if peer.pending else None,
                 peer.pending[1] if peer.pending else 0,
-                peer.provisional,
-                peer.lease,
+                dict(peer.tickets),
+                dict(peer.tokens),
+                peer.next_ticket,
+                peer.op,
             )
             for peer_id, peer in ((p, self._peers[p]) for p in chosen)
         ]
 
-    def load(
-        self, records: list[PeerRecord], now: float, provisional_margin: float | None = None
-    ) -> list[int]:
-        """Take over the peers of a hand-over, or of a replica (`provisional_margin` given),
-        which may be behind: its node may have renewed a peer since, until it saw it was cut off
-        from the others. So a provisional peer lives at least a lease and the margin from `now`,
-        in which its client hears it is unknown, and restores it. Peers known here already stay
-        as they are. Returns the ids of the peers taken over."""
+    def load(self, records: Iterable[PeerRecord], now: float) -> list[int]:
+        """Take on the peers of `records` (a slot this node now acts for); returns their ids.
+
+        A heartbeat that kept a peer's lease wrote nothing, so its record's expiry may be older
+        than the one the previous home last set; that home stopped before now, so a whole lease
+        from now (`STRETCH`ed, for clock drift) is later than any expiry it set."""
         loaded = []
         for record in records:
-            if record.peer_id in self._peers:
-                continue
-            expires_at = now + record.expires_in
-            if provisional_margin is not None:
-                expires_at = max(expires_at, now + record.lease + provisional_margin)
-            peer = _Peer(
-                expires_at,
-                dict(record.held),
-                provisional_margin is not None or record.provisional,
-                record.lease,
-            )
+            expires_in = max(record.expires_in, record.lease * STRETCH)
+            peer = _Peer(now + expires_in, dict(record.held), record.lease)
             if record.pending_semaphore is not None:
                 peer.pending = (record.pending_semaphore, record.pending_count)
+            peer.tickets = dict(record.tickets)
+            peer.tokens = dict(record.tokens)
+            peer.next_ticket = record.next_ticket
+            peer.op = record.last_op
             self._add(record.peer_id, peer)
             loaded.append(record.peer_id)
         return loaded
 
-    def take(self, chosen: Callable[[int], bool], now: float) -> list[PeerRecord]:
-        """Remove the peers whose ids are `chosen` and return them as records (they move to
-        another node)."""
-        records = [r for r in self.snapshot(now) if chosen(r.peer_id)]
-        for record in records:
-            del self._peers[record.peer_id]
-        return records
+    def drop(self, chosen: Callable[[int], bool]) -> list[int]:
+        """Forget the peers `chosen` picks (their slot is another node's now); their ids."""
+        gone = [peer_id for peer_id in self._peers if chosen(peer_id)]
+        for peer_id in gone:
+            del self._peers[peer_id]
+        return gone
 
     # -- time --------------------------------------------------------------------------------
 
@@ -312,23 +364,31 @@ class PeerTable:
         self._drop_stale_expiry()
         return self._expiry[0][0] if self._expiry else None
 
-    def expire(self, now: float) -> list[tuple[int, list[str]]]:
-        """Remove every peer whose deadline is at or before `now`: (peer id, its semaphores)."""
+    def expire(
+        self, now: float, spared: Callable[[int], bool] = lambda peer_id: False
+    ) -> list[tuple[int, list[tuple[str, int]]]]:
+        """Remove every peer whose deadline is at or before `now` (unless `spared`, for now):
+        (peer id, its locks (semaphore, ticket))."""
         expired = []
+        later = []
         while True:
             self._drop_stale_expiry()
             if not self._expiry or self._expiry[0][0] > now:
-                return expired
-            _, peer_id = heapq.heappop(self._expiry)
-            expired.append((peer_id, self._peers.pop(peer_id).locks()))
+                break
+            entry = heapq.heappop(self._expiry)
+            if spared(entry[1]):
+                later.append(entry)
+                continue
+            expired.append((entry[1], _locks(self._peers.pop(entry[1]))))
+        for entry in later:
+            heapq.heappush(self._expiry, entry)
+        return expired
 
     # -- internals ---------------------------------------------------------------------------
 
     def _peer(self, peer_id: int) -> _Peer:
-        """The peer, for its client's operations: a provisional one is unknown to them, so that
-        the client restores it with the locks it holds."""
         peer = self._peers.get(peer_id)
-        if peer is None or peer.provisional:
+        if peer is None:
             raise UnknownPeer(peer_id)
         return peer
 
@@ -352,3 +412,7 @@ class PeerTable:
             if peer is not None and peer.expires_at == expires_at:
                 return
             heapq.heappop(heap)
+
+
+def _locks(peer: _Peer) -> list[tuple[str, int]]:
+    return [(name, peer.tickets[name]) for name in peer.locks()]

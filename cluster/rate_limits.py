@@ -1,11 +1,13 @@
 """Named rate limiters and the keys this node decides for, pure: `now` comes in.
 
 A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a weight
-n. In `exact` mode the key's owner on the ring decides alone, so nothing is admitted beyond the
-algorithm's rule. An owner hands a key's state to its new owner when the members change (a node
-joins, or it leaves). An owner that fails takes what it admitted with it: a `Takeover` records
-that its keys start spent (`Algorithm.spent`) wherever they are decided next. No copy kept
-elsewhere could do better, since the owner may have spent what was left after its last copy.
+n. In `exact` mode the node that acts for the key's slot decides alone (`cluster/ownership.py`),
+so nothing is admitted beyond the algorithm's rule. Key states are not written to a quorum (a
+round trip per check); instead, when a node gains a slot (`gain_slot`), its keys continue from
+the states its previous owner handed over as it resigned (`lose_slot` exports them), or, when
+none came, they **start spent** as of that moment: the old owner admitted nothing after its
+lease ended, which was before, and no copy kept elsewhere could say what it admitted until then
+(docs/cluster.md, "Rate limits in exact mode").
 
 A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
 admitted it remembers the go (`RememberedGoes`), and answers a retry (the client asking again
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 
 from .errors import InvalidWeight, UnknownLimiter
 from .rate_algorithms import ALGORITHMS, Algorithm, Decision
-from .ring import Ring, rate_key
+from .ring import rate_key
+from .slots import Ballot, slot_of
 
 MODES = ("exact", "gossip")
 # A go is remembered by its retry id for at least this long (and at most twice): longer than a
@@ -144,37 +147,13 @@ class RateStates:
 
 
 @dataclass(frozen=True, slots=True)
-class Takeover:
-    """`owner` stopped deciding its exact-mode keys by `at` without handing them over (it
-    failed). What it admitted is unknown, so each of its keys starts spent at `at` wherever it
-    is decided next. Its keys: those for which it is among the first `depth` members of the
-    ring of `members`. A member seen failing owned its keys on that ring (`depth` 1); one not
-    seen since an outage may have owned a key on the ring of any majority it was part of, and
-    those keys are the ones for which it comes before all but a majority of the members."""
+class RateHandover:
+    """A resigning owner's key states of `slot`, for the member that takes the slot next from
+    `ballot` (the resigned owner's term)."""
 
-    owner: str
-    members: tuple[str, ...]
-    at: float
-    depth: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class RatePull:
-    """From a node that joined (or came back to a majority): send me the exact-mode keys I own
-    now, and decide them no more."""
-
-
-@dataclass(frozen=True, slots=True)
-class RateHandoff:
-    """The answer to `RatePull`: the states of the keys the puller owns, which the sender
-    decides no more, and the takeovers the sender knows of (the puller may have missed the
-    failures, or been one). `accounted`: the members the sender counts down whose keys those
-    takeovers cover (or covered, long enough ago to matter no more); empty while the sender
-    itself is not sure (no majority, or members it has not heard of since it got one)."""
-
+    slot: int
+    ballot: Ballot
     states: tuple[RateState, ...]
-    takeovers: tuple[Takeover, ...]
-    accounted: tuple[str, ...]
 
 
 @dataclass
@@ -208,9 +187,9 @@ class RateLimits:
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
-        # Exact mode: failed owners whose keys start spent, by (owner, members, depth), with
-        # their ring; kept until a key spent then would be as good as new.
-        self._takeovers: dict[tuple[str, tuple[str, ...], int], tuple[Takeover, Ring]] = {}
+        # Exact mode: the slots whose keys start spent, and since when; kept until a key spent
+        # then would be as good as new.
+        self._spent_since: dict[int, float] = {}
         self._horizon = max(
             (
                 algorithm.idle_at(algorithm.spent(0.0))
@@ -301,15 +280,32 @@ class RateLimits:
         self.tally(limiter, False)
         return Decision(False, 0, retry_after)
 
-    # -- exact mode: hand-over and takeovers ----------------------------------------------------
+    # -- exact mode: slots changing hands -----------------------------------------------------
 
     def held_keys(self) -> list[tuple[str, str]]:
         """Every exact-mode key whose state this node keeps."""
         return [key for key in self._states if self._modes[key[0]] == "exact"]
 
+    def lose_slot(self, slot: int) -> tuple[RateState, ...]:
+        """This node decides the exact keys of `slot` no more: their states, dropped here (for
+        the next owner, if this node resigned)."""
+        keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
+        return self.export(keys, drop=True).states
+
+    def gain_slot(self, slot: int, now: float, handed_over: tuple[RateState, ...] | None) -> None:
+        """This node decides the exact keys of `slot` from now on: from the states its previous
+        owner `handed_over`, or, when none came, each spent as of `now`."""
+        for key in self.held_keys():
+            if slot_of(rate_key(*key)) == slot:
+                del self._states[key]
+        if handed_over is None:
+            self._spent_since[slot] = now
+        else:
+            self._spent_since.pop(slot, None)
+            self.store(handed_over)
+
     def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
-        """The states of `keys`, to send; `drop` forgets them here (handed over to their new
-        owner)."""
+        """The states of `keys`, to send; `drop` forgets them here."""
         states = []
         for key in keys:
             state = self._states.pop(key, None) if drop else self._states.get(key)
@@ -328,48 +324,12 @@ class RateLimits:
             key = (item.limiter, item.key)
             state = algorithm.from_values(item.values)
             known = self._states.get(key)
-            if known is None:
-                spent_at = self._spent_at(item.limiter, item.key)
-                known = algorithm.spent(spent_at) if spent_at is not None else None
             self._states[key] = algorithm.merge(known, state) if known is not None else state
             self.goes.store(key, item.goes)
 
-    def take_over(self, takeover: Takeover) -> None:
-        """`takeover.owner` failed: its keys start spent (see `Takeover`), and those this node
-        keeps a state of are spent as of then too (it may be the failed owner itself, woken
-        from a freeze, or an older owner of the keys)."""
-        which = (takeover.owner, takeover.members, takeover.depth)
-        known = self._takeovers.get(which)
-        if known is not None and takeover.at <= known[0].at:
-            return
-        ring = known[1] if known is not None else Ring(takeover.members)
-        self._takeovers[which] = (takeover, ring)
-        for (limiter, key), state in self._states.items():
-            if self._modes[limiter] != "exact":
-                continue
-            if takeover.owner in ring.preference_list(rate_key(limiter, key), takeover.depth):
-                algorithm = self._algorithms[limiter]
-                self._states[limiter, key] = algorithm.merge(state, algorithm.spent(takeover.at))
-
-    def takeovers(self, now: float) -> tuple[Takeover, ...]:
-        """The takeovers that still matter at `now` (a key spent then is not as good as new)."""
-        return tuple(
-            takeover
-            for takeover, _ in self._takeovers.values()
-            if takeover.at + self._horizon > now
-        )
-
-    def _spent_at(self, limiter: str, key: str) -> float | None:
-        """The latest takeover of this key's owner at the time, if any."""
-        spent_at = None
-        hashed = None
-        for takeover, ring in self._takeovers.values():
-            if spent_at is not None and takeover.at <= spent_at:
-                continue
-            hashed = hashed or rate_key(limiter, key)
-            if takeover.owner in ring.preference_list(hashed, takeover.depth):
-                spent_at = takeover.at
-        return spent_at
+    def spent_slots(self) -> int:
+        """Slots whose keys start spent, for a while yet."""
+        return len(self._spent_since)
 
     def take_events(self) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any."""
@@ -403,21 +363,22 @@ class RateLimits:
         ]
         for key in idle:
             del self._states[key]
-        for which, (takeover, _) in list(self._takeovers.items()):
-            if takeover.at + self._horizon <= now:
-                del self._takeovers[which]
+        for slot, since in list(self._spent_since.items()):
+            if since + self._horizon <= now:
+                del self._spent_since[slot]
         return len(idle)
 
     def keys(self) -> int:
         return len(self._states)
 
-    def takeover_count(self) -> int:
-        return len(self._takeovers)
-
     def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            spent_at = self._spent_at(limiter, key) if self._modes[limiter] == "exact" else None
+            spent_at = (
+                self._spent_since.get(slot_of(rate_key(limiter, key)))
+                if self._spent_since and self._modes[limiter] == "exact"
+                else None
+            )
             state = algorithm.new_state(now) if spent_at is None else algorithm.spent(spent_at)
             self._states[(limiter, key)] = state
         return state

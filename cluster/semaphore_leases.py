@@ -47,20 +47,32 @@ TOKEN_EPOCH_SHIFT = 22
 
 
 @dataclass(frozen=True, slots=True)
+class LockRecord:
+    """A lock at its semaphore's owner: the home's `ticket` for it, and the fencing token it
+    was granted with (0 while it waits)."""
+
+    peer_id: int
+    count: int
+    ticket: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class SemaphoreRecord:
-    """One semaphore in a replica: holders with their tokens, and the waiters in arrival order;
-    each lock with its ticket (its home's name for it), so that the home asking for it again
-    under that name is answered with the same token."""
+    """One semaphore as written to its slot's acceptors: the holders, the waiters in arrival
+    order, and the next fencing token."""
 
     name: str
     next_token: int
-    holder_ids: list[int]
-    holder_counts: list[int]
-    holder_tokens: list[int]
-    waiting_ids: list[int]
-    waiting_counts: list[int]
-    holder_tickets: list[int]
-    waiting_tickets: list[int]
+    holders: list[LockRecord]
+    waiters: list[LockRecord]
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+    def aged(self, elapsed: float) -> SemaphoreRecord:
+        return self
 
 
 class _Semaphore:
@@ -115,36 +127,22 @@ class SemaphoreLeases:
         count: int,
         now: float,
         ticket: int = 0,
-        provisional: bool = False,
-    ) -> bool:
-        """A new lock asks for `count`: True if granted now, False if it waits in line.
+    ) -> bool | None:
+        """A lock asks for `count`: True if granted now, False if it waits in line, None if its
+        ticket is below the latest this owner knows of the peer (a stale request: ignored).
 
-        It arrives last, so it may only be granted if everything already asked for (held or
-        waiting) leaves room; otherwise it would overtake the waiters.
-
-        In a cluster a home may ask again for a lock it asked for before (a retry, or after the
-        owner or the home changed): the same count keeps its place and takes on the new
-        `ticket`, the home's name for this lock that releases must quote. A held lock asked for
-        under another ticket is the peer's last lock, which its home released (the release was
-        lost, or this owner's replica missed it): the new one waits its turn. Unless the home is
-        `provisional`, taking the peer over from a replica that had the lock pending: the
-        grant may have reached the client before the home died, so the lock stays held, with
-        a new token (the client's restore says whether it holds it).
+        A new lock arrives last, so it may only be granted if everything already asked for
+        (held or waiting) leaves room; otherwise it would overtake the waiters. The same ticket
+        again (the home asking again) is the same lock; a larger one supersedes the peer's lock
+        here (the home released it: the release may still be on its way).
         """
         sem = self._semaphore(semaphore)
-        held = sem.holders.get(peer_id)
-        waiting = sem.queue.get(peer_id)
         known = sem.tickets.get(peer_id)
-        if waiting is not None and count == waiting[0]:
-            sem.tickets[peer_id] = ticket
-            return False
-        if held == count and (known == ticket or provisional):
-            if known != ticket:
-                sem.tokens[peer_id] = sem.next_token
-                sem.next_token += 1
-            sem.tickets[peer_id] = ticket
-            return True
-        if held is not None or waiting is not None:
+        if known is not None:
+            if ticket < known:
+                return None
+            if ticket == known:
+                return peer_id in sem.holders
             self._drop(peer_id, sem)
             self._grant_waiters(sem)
         if sem.grace_until is None and sem.acquired + sem.pending + count <= sem.max:
@@ -159,10 +157,11 @@ class SemaphoreLeases:
     def release(self, peer_id: int, semaphore: str, ticket: int | None = None) -> None:
         """Release the peer's held lock or withdraw its waiting one, then grant who fits.
 
-        With a `ticket`, only the lock of that ticket: a release that crossed a newer request
-        of the same peer on the way must not drop the newer lock."""
+        With a `ticket`, only a lock of that ticket or an older one: a release that crossed a
+        newer request of the same peer on the way must not drop the newer lock."""
         sem = self._semaphore(semaphore)
-        if ticket is not None and sem.tickets.get(peer_id) != ticket:
+        known = sem.tickets.get(peer_id)
+        if ticket is not None and (known is None or known > ticket):
             return
         if self._drop(peer_id, sem):
             self._grant_waiters(sem)
@@ -182,29 +181,26 @@ class SemaphoreLeases:
         for sem in affected.values():
             self._grant_waiters(sem)
 
-    def restore(self, peer_id: int, semaphore: str, count: int, ticket: int = 0) -> None:
-        """Count a lock a client says it holds, even beyond max: it is using the resource already.
+    def restore(self, peer_id: int, semaphore: str, count: int, ticket: int = 0) -> bool:
+        """Count a lock a client says it holds, even beyond max: it is using the resource
+        already. False if the ticket is below the latest this owner knows of the peer (stale).
 
-        Idempotent, so a repeated restore (a retry, or a lock moved with its ticket) counts
-        once, and keeps its token. A lock held under another ticket gets a new token: it may be
-        one whose release was lost, whose old token is below tokens given since.
-        """
+        The same ticket again counts once and keeps its token; a larger one replaces the
+        peer's lock here, with a new token (it may be one whose release was lost)."""
         sem = self._semaphore(semaphore)
-        previous = sem.holders.get(peer_id)
-        if previous is None:
-            if peer_id in sem.queue:
-                self._drop(peer_id, sem)
-            self._hold(sem, peer_id, count)
-        else:
-            sem.acquired += count - previous
-            sem.holders[peer_id] = count
-            if sem.tickets.get(peer_id) != ticket:
-                sem.tokens[peer_id] = sem.next_token
-                sem.next_token += 1
+        known = sem.tickets.get(peer_id)
+        if known is not None and ticket < known:
+            return False
+        if known == ticket and sem.holders.get(peer_id) == count:
+            return True
+        if known is not None:
+            self._drop(peer_id, sem)
+        self._hold(sem, peer_id, count)
         sem.tickets[peer_id] = ticket
         self._in_use.add(sem.name)
-        if sem.acquired > sem.max and count != previous:
+        if sem.acquired > sem.max:
             self.restores_beyond_max += 1
+        return True
 
     def snapshot(self, names: Iterable[str] | None = None) -> list[SemaphoreRecord]:
         """Records of the semaphores `names` (default: all)."""
@@ -213,13 +209,14 @@ class SemaphoreLeases:
             SemaphoreRecord(
                 sem.name,
                 sem.next_token,
-                list(sem.holders),
-                list(sem.holders.values()),
-                [sem.tokens[peer_id] for peer_id in sem.holders],
-                list(sem.queue),
-                [count for count, _ in sem.queue.values()],
-                [sem.tickets[peer_id] for peer_id in sem.holders],
-                [sem.tickets[peer_id] for peer_id in sem.queue],
+                [
+                    LockRecord(peer_id, count, sem.tickets[peer_id], sem.tokens[peer_id])
+                    for peer_id, count in sem.holders.items()
+                ],
+                [
+                    LockRecord(peer_id, count, sem.tickets[peer_id], 0)
+                    for peer_id, (count, _) in sem.queue.items()
+                ],
             )
             for sem in chosen
         ]
@@ -229,59 +226,44 @@ class SemaphoreLeases:
         sem = self._semaphore(semaphore)
         return list(sem.tickets.items())
 
-    def load(self, records: list[SemaphoreRecord], now: float, epoch: int) -> None:
-        """Take over a replica, dropping the current state. Tokens continue in epoch
-        max(`epoch`, the replica's epoch + 1), so they stay above every token the replica saw
-        and any grant it missed. Waiters keep their order; their waiting starts `now`."""
-        for name in self._semaphores:
-            self._semaphores[name] = _Semaphore(name, self._config[name], 0)
-        self._in_grace.clear()
-        self._in_use.clear()
-        self.merge(records, now, epoch, list(self._semaphores))
+    def load(self, records: Iterable[SemaphoreRecord], now: float, epoch: int) -> None:
+        """Take on the semaphores of `records` (whose slot this node now acts for), in place of
+        what was known of them here. Tokens continue from the record's counter, and at least in
+        `epoch` (a new era's: above every token of the eras before). Waiters keep their order;
+        their waiting starts `now`."""
+        for record in records:
+            old = self._semaphores[record.name]
+            self._in_grace.discard(record.name)
+            sem = self._semaphores[record.name] = _Semaphore(
+                record.name, self._config[record.name], 0
+            )
+            sem.next_token = max(record.next_token, old.next_token, epoch << TOKEN_EPOCH_SHIFT)
+            for lock in record.holders:
+                sem.holders[lock.peer_id] = lock.count
+                sem.tokens[lock.peer_id] = lock.token
+                sem.tickets[lock.peer_id] = lock.ticket
+                sem.acquired += lock.count
+            for lock in record.waiters:
+                sem.queue[lock.peer_id] = (lock.count, now)
+                sem.tickets[lock.peer_id] = lock.ticket
+                sem.pending += lock.count
+            if sem.tickets:
+                self._in_use.add(sem.name)
+            else:
+                self._in_use.discard(sem.name)
 
-    def merge(
-        self, records: list[SemaphoreRecord], now: float, epoch: int, names: Iterable[str]
-    ) -> None:
-        """Take on the semaphores `names`, adding what `records` (a replica or a handoff) knows
-        of them to what is known here already; a peer known here keeps its entry. Tokens go on
-        above everything either side has seen: epoch max(`epoch`, a record's epoch + 1)."""
-        names = set(names)
+    def start_epoch(self, names: Iterable[str], epoch: int) -> None:
+        """Tokens of `names` go on in `epoch` at least (a new era started them empty)."""
         for name in names:
             sem = self._semaphores[name]
             sem.next_token = max(sem.next_token, epoch << TOKEN_EPOCH_SHIFT)
-        for record in records:
-            if record.name not in names:
-                continue
-            sem = self._semaphores[record.name]
-            next_epoch = (record.next_token >> TOKEN_EPOCH_SHIFT) + 1
-            sem.next_token = max(sem.next_token, next_epoch << TOKEN_EPOCH_SHIFT)
-            for peer_id, count, token, ticket in zip(
-                record.holder_ids,
-                record.holder_counts,
-                record.holder_tokens,
-                record.holder_tickets,
-                strict=True,
-            ):
-                if peer_id not in sem.tickets:
-                    sem.holders[peer_id] = count
-                    sem.tokens[peer_id] = token
-                    sem.tickets[peer_id] = ticket
-                    sem.acquired += count
-            for peer_id, count, ticket in zip(
-                record.waiting_ids, record.waiting_counts, record.waiting_tickets, strict=True
-            ):
-                if peer_id not in sem.tickets:
-                    sem.queue[peer_id] = (count, now)
-                    sem.tickets[peer_id] = ticket
-                    sem.pending += count
-            if sem.tickets:
-                self._in_use.add(sem.name)
 
     def ticket(self, peer_id: int, semaphore: str) -> int | None:
         return self._semaphore(semaphore).tickets.get(peer_id)
 
     def drop(self, names: Iterable[str]) -> None:
-        """Forget the semaphores `names` (another node owns them now); tokens keep counting."""
+        """Forget the semaphores `names` (another node acts for them now); tokens keep
+        counting."""
         for name in names:
             old = self._semaphores[name]
             sem = self._semaphores[name] = _Semaphore(name, self._config[name], 0)

@@ -27,6 +27,8 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class ReleasePeer:
     peer_id: int
+    # The client's number for this operation on the peer (see `Acquire.op`).
+    op: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +39,9 @@ class Acquire:
     expires_in: float | None = None
     # How long the caller is willing to wait for the grant; the actor, not the core, waits.
     block_for: float | None = None
-    # The client knows the peer holds and waits for nothing (its outermost lock): whatever the
-    # cluster counts for it is left over from a release lost in a failure (a takeover from a
-    # replica that had not heard of it), and is released first.
-    fresh: bool = False
+    # Our client numbers its operations on a peer (a retry keeps the number): one numbered
+    # below the highest applied is stale and refused (docs/cluster.md, O3). None: unnumbered.
+    op: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class AcquireOutcome:
 class ReleaseLock:
     peer_id: int
     semaphore: str
+    op: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,7 @@ class Restore:
     peer_id: int
     expires_in: float
     acquired: Mapping[str, int] = field(default_factory=dict)
+    op: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,27 +97,28 @@ Operation = (
 
 
 def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) -> object:
-    """Apply one operation; returns its answer or raises a `SemaphoreError`."""
+    """Apply one operation on one node; returns its answer or raises a `SemaphoreError`."""
     match op:
-        case Acquire(peer_id, semaphore, count, expires_in, _, fresh):
-            if fresh:
-                for name in core.locks_of(peer_id):
-                    core.release_lock(peer_id, name)
+        case Acquire(peer_id, semaphore, count, expires_in, _, number):
+            core.numbered(peer_id, number)
             return core.acquire(peer_id, semaphore, count, now, expires_in)
-        case ReleaseLock(peer_id, semaphore):
+        case ReleaseLock(peer_id, semaphore, number):
+            core.numbered(peer_id, number)
             return core.release_lock(peer_id, semaphore)
         case Heartbeat(peer_id, expires_in):
             return core.heartbeat(peer_id, now + expires_in)
         case NewPeer(expires_in):
             return core.new_peer(now + expires_in, rng)
-        case ReleasePeer(peer_id):
+        case ReleasePeer(peer_id, number):
+            if core.has_peer(peer_id):
+                core.numbered(peer_id, number)
             return core.release_peer(peer_id)
         case IsAcquired(peer_id):
             return core.is_acquired(peer_id)
         case Remainder(semaphore):
             return core.remainder(semaphore)
-        case Restore(peer_id, expires_in, acquired):
-            return core.restore(peer_id, acquired, now + expires_in)
+        case Restore(peer_id, expires_in, acquired, number):
+            return core.restore(peer_id, acquired, now + expires_in, number)
         case ListPeers():
             return core.peer_ids()
     raise TypeError(f"not a semaphore operation: {op!r}")

@@ -18,20 +18,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from .peers import AskOwner, PeerRecord, PeerRemoved, PeerTable
-from .semaphore_leases import (
-    LockGranted,
-    SemaphoreConfig,
-    SemaphoreLeases,
-    SemaphoreRecord,
-    SemaphoreStats,
-)
+from .peers import AskOwner, PeerRemoved, PeerTable
+from .semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases, SemaphoreStats
 
 __all__ = [
     "Event",
-    "Replica",
     "LockGranted",
     "PeerRemoved",
     "SemaphoreConfig",
@@ -40,14 +32,6 @@ __all__ = [
 ]
 
 Event = LockGranted | PeerRemoved
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """Everything a node needs to take over from the node that made this, at one moment."""
-
-    peers: list[PeerRecord]
-    semaphores: list[SemaphoreRecord]
 
 
 class SemaphoreCore:
@@ -69,8 +53,12 @@ class SemaphoreCore:
         locks = self._peers.remove(peer_id)
         if locks is None:
             return False
-        self._peer_gone(peer_id, locks, expired=False)
+        self._peer_gone(peer_id, [name for name, _ in locks], expired=False)
         return True
+
+    def numbered(self, peer_id: int, op: int | None) -> None:
+        """Refuse a client's operation numbered below the highest applied (`StaleOperation`)."""
+        self._peers.numbered(peer_id, op)
 
     def is_acquired(self, peer_id: int) -> bool:
         return self._peers.is_acquired(peer_id)
@@ -95,8 +83,9 @@ class SemaphoreCore:
         decision = self._peers.acquire(peer_id, semaphore, count, now, expires_in)
         if not isinstance(decision, AskOwner):
             return decision
-        if self._leases.request(peer_id, semaphore, count, now):
-            self._peers.granted(peer_id, semaphore, count)
+        if self._leases.request(peer_id, semaphore, count, now, decision.ticket):
+            token = self._leases.token(peer_id, semaphore)
+            self._peers.granted(peer_id, semaphore, decision.ticket, token)
             return True
         return False
 
@@ -105,7 +94,7 @@ class SemaphoreCore:
 
     def release_lock(self, peer_id: int, semaphore: str) -> None:
         """Release a held lock, or withdraw a waiting one; nothing to release is fine."""
-        if self._peers.release_lock(peer_id, semaphore):
+        if self._peers.release_lock(peer_id, semaphore) is not None:
             self._leases.release(peer_id, semaphore)
             self._deliver_grants()
 
@@ -117,30 +106,24 @@ class SemaphoreCore:
         increases per semaphore, so a protected resource can refuse holders whose lease lapsed."""
         return self._leases.token(peer_id, semaphore)
 
-    def restore(self, peer_id: int, acquired: Mapping[str, int], expires_at: float) -> None:
+    def restore(
+        self,
+        peer_id: int,
+        acquired: Mapping[str, int],
+        expires_at: float,
+        op: int | None = None,
+    ) -> None:
         """Recreate a peer the node forgot, holding `acquired` even beyond max.
 
         An identical existing peer is accepted as it is (its expiry untouched), so a client can
         repeat a restore safely.
         """
-        if self._peers.restore(peer_id, acquired, expires_at):
+        tickets = self._peers.restore(peer_id, acquired, expires_at, op=op)
+        if tickets is not None:
             for name, count in acquired.items():
-                self._leases.restore(peer_id, name, count)
+                self._leases.restore(peer_id, name, count, tickets[name])
 
     # -- time --------------------------------------------------------------------------------
-
-    def replica(self, now: float) -> Replica:
-        return Replica(self._peers.snapshot(now), self._leases.snapshot())
-
-    @classmethod
-    def from_replica(
-        cls, semaphores: Mapping[str, SemaphoreConfig], replica: Replica, now: float, epoch: int
-    ) -> SemaphoreCore:
-        """A core that continues where the replica's maker left off."""
-        core = cls(semaphores, epoch)
-        core._peers.load(replica.peers, now)
-        core._leases.load(replica.semaphores, now, epoch)
-        return core
 
     def start_grace(self, until: float) -> None:
         """Accept restores but grant nothing new until `until` (after a takeover)."""
@@ -163,7 +146,9 @@ class SemaphoreCore:
         expired = self._peers.expire(now)
         for peer_id, _ in expired:
             self._events.append(PeerRemoved(peer_id, True))
-        self._leases.release_peers(expired)
+        self._leases.release_peers(
+            (peer_id, [name for name, _ in locks]) for peer_id, locks in expired
+        )
         self._deliver_grants()
         if self._leases.end_grace(now):
             self._deliver_grants()
@@ -189,6 +174,8 @@ class SemaphoreCore:
     def _deliver_grants(self) -> None:
         for grant in self._leases.events():
             # In one process the home always still waits for the grant it asked for.
-            delivered = self._peers.granted(grant.peer_id, grant.semaphore, grant.count)
+            ticket = self._leases.ticket(grant.peer_id, grant.semaphore)
+            token = self._leases.token(grant.peer_id, grant.semaphore)
+            delivered = self._peers.granted(grant.peer_id, grant.semaphore, ticket, token)
             assert delivered, grant
             self._events.append(grant)

@@ -34,8 +34,8 @@ secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_S
 advertise = "10.0.0.1:8000"       # where other nodes reach this one (default: the bound address)
 down_after = "3s"                 # a member silent this long is down
 gossip_interval = "500ms"
-takeover_grace = "5s"             # after a takeover: restores only, no new grants, this long
-cold_start_grace = "0s"           # the same after the whole cluster started cold
+lease = "3s"                      # an owner acts this long past its quorum's word (down_after)
+cold_start_grace = "0s"           # after a cold start of the whole cluster: restores only
 rate_gossip_interval = "50ms"     # how often rate limiters in gossip mode share their "go"s
 ```
 """
@@ -71,9 +71,10 @@ class ClusterConfig:
     advertise: str | None = None
     down_after: float = 3.0
     gossip_interval: float = 0.5
-    # After a takeover, restores are accepted but nothing new is granted for this long.
-    takeover_grace: float = 5.0
-    # The same after a cold start of the whole cluster: none, as Throttle does.
+    # How long an acceptor's lease promise lasts (docs/cluster.md); None: `down_after`.
+    lease: float | None = None
+    # After a cold start of the whole cluster, restores are accepted but nothing new is granted
+    # for this long: none, as Throttle does.
     cold_start_grace: float = 0.0
     # How often a node sends its rate limiters' "go" events to the others (gossip mode).
     rate_gossip_interval: float = 0.05
@@ -238,7 +239,7 @@ def _cluster(table: object, source: str) -> ClusterConfig:
         advertise=advertise,
         down_after=_duration(table, "down_after", 3.0, source),
         gossip_interval=_duration(table, "gossip_interval", 0.5, source),
-        takeover_grace=_duration(table, "takeover_grace", 5.0, source, zero_ok=True),
+        lease=_duration(table, "lease", None, source),
         cold_start_grace=_duration(table, "cold_start_grace", 0.0, source, zero_ok=True),
         rate_gossip_interval=_duration(table, "rate_gossip_interval", 0.05, source),
     )

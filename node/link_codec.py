@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+from sluicegate.cluster.lock_messages import (
+    Audit,
+    LockAnswer,
+    LockRefused,
+    LockRelease,
+    LockReleased,
+    LockRequest,
+    LockRestore,
+    LockTaken,
+)
 from sluicegate.cluster.membership import Gossip, MemberState
+from sluicegate.cluster.ownership import (
+    ColdAnswer,
+    ColdStart,
+    ColdStarted,
+    Prepare,
+    Promise,
+    Recover,
+    RecoverReply,
+    Refuse,
+    Renew,
+    Renewed,
+    Resign,
+    SlotImage,
+)
 from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import (
@@ -10,16 +34,14 @@ from sluicegate.cluster.rate_limits import (
     RateChecks,
     RateEvent,
     RateEvents,
-    RateHandoff,
-    RatePull,
+    RateHandover,
     RateState,
     RateStates,
     RateWait,
     RememberedGo,
-    Takeover,
 )
-from sluicegate.cluster.replica_stream import ReplicaDelta, ReplicaResync
-from sluicegate.cluster.semaphore_leases import SemaphoreRecord
+from sluicegate.cluster.replication import Accept, Accepted
+from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -32,22 +54,15 @@ from sluicegate.cluster.semaphore_ops import (
     Remainder,
     Restore,
 )
-from sluicegate.cluster.shard import (
-    Audit,
-    Handoff,
-    LockAnswer,
-    LockRefused,
-    LockRelease,
-    LockRequest,
-    LockRestore,
-    Pull,
-    Reassert,
-)
+from sluicegate.cluster.slots import Ballot
 
 from .links import HANDSHAKE_MESSAGES
 from .rpc import Call, Failure, Reply
 from .wire import Codec
 
+# Retired tags, never to be used again: 12-14, 17 (peer operations before they were numbered);
+# 20-33 (replicas streamed to every member, and the home and owner messages of that design);
+# 42-45 (rate-limit pulls, hand-offs and takeovers by failed member).
 LINK_CODEC = Codec(
     {
         1: Gossip,
@@ -57,28 +72,10 @@ LINK_CODEC = Codec(
         5: Failure,
         10: NewPeer,
         11: Heartbeat,
-        12: ReleasePeer,
-        13: Acquire,
-        14: ReleaseLock,
         15: IsAcquired,
         16: Remainder,
-        17: Restore,
         18: ListPeers,
         19: AcquireOutcome,
-        # 20: retired (whole-state replicas of the interim single authority)
-        21: PeerRecord,
-        22: SemaphoreRecord,
-        23: LockRequest,
-        24: LockRestore,
-        25: LockRelease,
-        26: LockAnswer,
-        27: LockRefused,
-        28: Audit,
-        29: Pull,
-        30: Handoff,
-        31: Reassert,
-        32: ReplicaDelta,
-        33: ReplicaResync,
         34: RateCheck,
         35: RateWait,
         36: Decision,
@@ -87,11 +84,38 @@ LINK_CODEC = Codec(
         39: RateState,
         40: RateStates,
         41: RateChecks,
-        42: RatePull,
-        # 43: retired (a hand-over without takeovers)
-        44: Takeover,
-        45: RateHandoff,
         46: RememberedGo,
+        47: ReleasePeer,
+        48: Acquire,
+        49: ReleaseLock,
+        50: Restore,
+        51: Ballot,
+        52: Prepare,
+        53: Promise,
+        54: Refuse,
+        55: Renew,
+        56: Renewed,
+        57: Resign,
+        58: SlotImage,
+        59: Recover,
+        60: RecoverReply,
+        61: ColdStart,
+        62: ColdAnswer,
+        63: ColdStarted,
+        64: Accept,
+        65: Accepted,
+        66: PeerRecord,
+        67: LockRecord,
+        68: SemaphoreRecord,
+        69: LockRequest,
+        70: LockRestore,
+        71: LockRelease,
+        72: LockAnswer,
+        73: LockRefused,
+        74: LockReleased,
+        75: LockTaken,
+        76: Audit,
+        77: RateHandover,
         **HANDSHAKE_MESSAGES,
     }
 )

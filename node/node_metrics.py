@@ -68,9 +68,10 @@ class RateLimitCollector(Collector):
             "sluicegate_rate_limit_keys", "Keys whose state this node keeps.", value=core.keys()
         )
         yield GaugeMetricFamily(
-            "sluicegate_rate_limit_takeovers",
-            "Failed owners whose exact-mode keys start spent here (until a window has passed).",
-            value=core.takeover_count(),
+            "sluicegate_rate_limit_spent_slots",
+            "Slots gained without their previous owner's hand-over, whose exact-mode keys start "
+            "spent here (until a key spent then would be as good as new).",
+            value=core.spent_slots(),
         )
         yield GaugeMetricFamily(
             "sluicegate_rate_limit_remembered_goes",
@@ -102,41 +103,48 @@ class ClusterCollector(Collector):
             "Members this node believes alive, itself included.",
             value=len(self._membership.live_members()),
         )
-        core = self._service.core
+        shard = self._service.shard_actor.shard
+        ownership = shard.ownership
         yield GaugeMetricFamily(
-            "sluicegate_semaphores_owned",
-            "Configured semaphores whose ring owner this node is, by its view of the members.",
-            value=len(core.owned_semaphores()),
+            "sluicegate_slots_acting",
+            "Slots this node acts for now (it holds their lease), of 256.",
+            value=len(ownership.acting_slots(self._service.now())),
         )
         yield GaugeMetricFamily(
             "sluicegate_peers_homed",
             "Peers whose home is this node.",
-            value=len(core.peer_ids()),
-        )
-        yield GaugeMetricFamily(
-            "sluicegate_handoffs_awaited",
-            "Members whose handoff this joining node still waits for before it serves.",
-            value=len(core.waiting_for_handoff()),
+            value=len(shard.home.peers.peer_ids()),
         )
         yield GaugeMetricFamily(
             "sluicegate_semaphores_in_grace",
-            "Semaphores in a grace period after a takeover or a join: restores count, nothing "
-            "new is granted until it ends (takeover_grace).",
-            value=len(core.semaphores_in_grace()),
+            "Semaphores granting nothing new yet after a cold start (cold_start_grace).",
+            value=len(shard.owner.leases.in_grace()),
         )
         yield GaugeMetricFamily(
-            "sluicegate_ready", "1 once this node serves requests.", value=int(self._service.ready)
+            "sluicegate_answers_waiting_for_quorum",
+            "Answers and messages held back until the writes they follow are committed.",
+            value=ownership.gate.waiting,
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_ready",
+            "1 once this node acts for every slot its ring names it for.",
+            value=int(self._service.ready),
         )
         yield CounterMetricFamily(
             "sluicegate_requests_forwarded",
             "Semaphore requests this node forwarded to the peer's home or the semaphore's owner.",
             value=self._service.forwarded,
         )
-        yield CounterMetricFamily(
-            "sluicegate_takeovers",
-            "Times this node took over part of a departed member's share from its replica.",
-            value=self._service.takeovers,
+        slots = CounterMetricFamily(
+            "sluicegate_slots_changed",
+            "Slots this node gained, and lost (its lease ran out, or a larger ballot won) or "
+            "resigned (handed on to the member its ring names).",
+            labels=["change"],
         )
+        slots.add_metric(["gained"], ownership.gained)
+        slots.add_metric(["lost"], ownership.lost - ownership.resigned)
+        slots.add_metric(["resigned"], ownership.resigned)
+        yield slots
         yield CounterMetricFamily(
             "sluicegate_restores_beyond_max",
             "Restores that left a semaphore above its max (allowed, and worth watching).",

@@ -63,6 +63,7 @@ _ERRORS: dict[str, type[Exception]] = {
         errors.InvalidLockCount,
         errors.RestoreConflict,
         errors.ShrinkingLockCount,
+        errors.StaleOperation,
         errors.NotServing,
         errors.UnknownLimiter,
         errors.InvalidWeight,

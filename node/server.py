@@ -4,7 +4,6 @@ node links), until SIGTERM or Ctrl-C."""
 from __future__ import annotations
 
 import logging
-import math
 import random
 import signal
 import time
@@ -14,19 +13,13 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from sluicegate.cluster.membership import Gossip, Membership
-from sluicegate.cluster.rate_limits import (
-    RateEvents,
-    RateHandoff,
-    RateLimits,
-    RateOperation,
-    RatePull,
-    RateStates,
-)
+from sluicegate.cluster.ownership import Ownership
+from sluicegate.cluster.rate_limits import RateEvents, RateHandover, RateLimits, RateOperation
 from sluicegate.cluster.semaphores import SemaphoreCore
-from sluicegate.cluster.shard import Message as ShardMessage
-from sluicegate.cluster.shard import ShardCore
+from sluicegate.cluster.shard import Shard
 
 from .app import NodeApp
+from .clock import TRIO_CLOCK, Clock
 from .config import NodeConfig
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
@@ -37,14 +30,15 @@ from .rate_limit_service import RateLimitService
 from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
 from .semaphore_service import ClusterSemaphores, LocalSemaphores, epoch_now
+from .shard_actor import ShardActor
 from .wire import MAX_FRAME
 
 log = logging.getLogger("sluicegate.node")
 
 # Long polls are answered at shutdown, so in-flight requests finish quickly; this bounds the rest.
 GRACEFUL_TIMEOUT = 0.5
-# A joining node sends its pull again if no handoff came this long after it sent it.
-PULL_RETRY = 1.0
+# A stopping node hands its slots on for at most this long before it says goodbye.
+HAND_ON_TIMEOUT = 1.0
 
 
 async def run_node(
@@ -68,7 +62,7 @@ async def run_node(
     hypercorn.errorlog = logging.getLogger("sluicegate.hypercorn")
     stopping = trio.Event()
 
-    cluster: tuple[MembershipActor, ClusterSemaphores, SemaphoreActor] | None = None
+    cluster: tuple[MembershipActor, ClusterSemaphores] | None = None
 
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -80,9 +74,8 @@ async def run_node(
                 log.info("Received %s, shutting down.", signal.Signals(signum).name)
                 await actor.stop_blocking()
                 if cluster is not None:
-                    membership, semaphores, shard_actor = cluster
-                    await shard_actor.stop_blocking()
-                    await semaphores.hand_over(timeout=0.3)
+                    membership, semaphores = cluster
+                    await semaphores.leave(timeout=HAND_ON_TIMEOUT)
                     await rate_limits.leave(timeout=0.3)
                     await membership.leave()
                 stopping.set()
@@ -120,8 +113,6 @@ async def run_node(
             task_status.started(url)
         # `serve` returns once in-flight requests are done; nothing needs the actors any more.
         actor.close()
-        if cluster is not None:
-            cluster[2].close()
         nursery.cancel_scope.cancel()
     log.info("Stopped.")
 
@@ -137,13 +128,16 @@ async def join_cluster(
     rng: random.Random | None = None,
     generation: int | None = None,
     epoch: Callable[[], int] = epoch_now,
-    task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores, SemaphoreActor]],
+    clock: Clock = TRIO_CLOCK,
+    task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores]],
 ) -> None:
-    """Run membership, node links and forwarding for this node, reachable at `address`.
+    """Run membership, node links, ownership of slots and forwarding for this node, reachable
+    at `address`.
 
     The seams, for the simulations (`simulations/`), which run nodes over memory streams under a
     virtual clock: how links are dialled, the random source, this life's generation (default:
-    the wall clock, which orders a node's lives) and the fencing epoch's clock."""
+    the wall clock, which orders a node's lives), the clock of the cluster's eras and fencing
+    epochs, and the node's own clock."""
     cluster = config.cluster
     assert cluster.secret, "the command line refuses a cluster without a secret"
     node_id = cluster.node_id or address
@@ -151,7 +145,7 @@ async def join_cluster(
     # A new generation per start: the wall clock only orders this node's own lives.
     generation = time.time_ns() if generation is None else generation
     membership_actor: MembershipActor | None = None
-    shard_actor: SemaphoreActor | None = None
+    shard_actor: ShardActor | None = None
     rpc: Rpc | None = None
 
     async def deliver(remote_id: str, messages: list[object]) -> None:
@@ -163,18 +157,12 @@ async def join_cluster(
                 nursery.start_soon(rpc.serve, remote_id, message, serve or shard_actor.call)
             elif isinstance(message, RateEvents):
                 rate_limits.receive(message)
-            elif isinstance(message, RateStates):
-                rate_limits.store(message)
-            elif isinstance(message, RatePull):
-                rate_limits.pulled(remote_id)
-            elif isinstance(message, RateHandoff):
-                rate_limits.handed_over(remote_id, message)
+            elif isinstance(message, RateHandover):
+                rate_limits.handed_over(message)
             elif isinstance(message, Reply | Failure):
                 rpc.answered(message)
-            elif isinstance(message, ShardMessage):
-                await shard_actor.deliver(remote_id, message)
             else:
-                log.warning("Unexpected %s from %s.", type(message).__name__, remote_id)
+                shard_actor.deliver(remote_id, message)
 
     links = Links(
         node_id,
@@ -199,46 +187,34 @@ async def join_cluster(
         links,
         interval=cluster.gossip_interval,
         rng=rng,
-        # Calls forwarded to a member counted down fail at once: waiting out FORWARD_TIMEOUT
-        # on a frozen node would let its peers expire while another node serves them.
+        # Calls forwarded to a member counted down fail at once: its slots move on.
         on_member_down=rpc.link_down,
     )
-    core = ShardCore(
+    ownership = Ownership(
         node_id,
-        config.semaphores,
+        lease=cluster.lease or cluster.down_after,
+        settle=cluster.down_after,
+        era_floor=epoch(),
         rng=rng,
-        epoch=epoch(),
-        settle=cluster.down_after,
-        takeover_grace=cluster.takeover_grace,
-        cold_start_grace=cluster.cold_start_grace,
-        pull_retry=PULL_RETRY,
+        now=clock.now(),
     )
-    shard_actor = SemaphoreActor(core, rng=rng, send=links.send)
-    semaphores = ClusterSemaphores(
-        shard_actor,
-        membership_actor,
-        rpc,
-        links,
-        settle=cluster.down_after,
-        settled_ticks=math.ceil(cluster.down_after / cluster.gossip_interval),
-        # Silent this long, a node may be counted down by the others: see `SemaphoreActor.watch`.
-        frozen_after=cluster.down_after - cluster.gossip_interval,
-        epoch=epoch,
+    shard = Shard(
+        node_id, config.semaphores, ownership, rng, cold_start_grace=cluster.cold_start_grace
     )
+    shard_actor = ShardActor(
+        shard,
+        send=links.send,
+        on_slot_changes=rate_limits.slots_changed,
+        clock=clock,
+    )
+    semaphores = ClusterSemaphores(shard_actor, membership_actor, rpc, clock=clock)
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id
-    rate_limits.join_cluster(
-        membership_actor,
-        rpc,
-        links,
-        settle=cluster.down_after,
-        # As the freeze watch: stop before the others may count this node down.
-        heard_within=cluster.down_after - cluster.gossip_interval,
-    )
+    rate_limits.join_cluster(ownership, membership_actor, rpc, links, clock)
     app.join_cluster(semaphores, links)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:
         await nursery.start(shard_actor.run)
         await nursery.start(membership_actor.run)
         await nursery.start(semaphores.run)
-        task_status.started((membership_actor, semaphores, shard_actor))
+        task_status.started((membership_actor, semaphores))

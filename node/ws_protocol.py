@@ -193,6 +193,8 @@ def domain_error(request_id: int, failure: Exception) -> dict:
             return error(request_id, "restore_conflict", "A restore may not change a peer")
         case errors.ShrinkingLockCount():
             return error(request_id, "shrinking_count", "A held lock's count cannot shrink")
+        case errors.StaleOperation(op=op, applied=applied):
+            return error(request_id, "stale", f"Operation {op} is older than {applied}, applied")
         case errors.UnknownLimiter(limiter=limiter):
             return error(request_id, "unknown_limiter", f"Unknown rate limiter {limiter!r}")
         case errors.InvalidWeight(weight=weight, max_weight=most):
@@ -260,7 +262,7 @@ def _acquire(item: dict) -> Acquire:
         _field(item, "count", int, 1),
         _seconds(item, "expires_in", None),
         _seconds(item, "wait", None),
-        _field(item, "fresh", bool, False),
+        _seq(item),
     )
 
 
@@ -269,7 +271,15 @@ def _restore(item: dict) -> Restore:
     for name, count in acquired.items():
         if not isinstance(name, str) or not isinstance(count, int) or isinstance(count, bool):
             raise _BadRequest("field 'acquired' maps semaphore names to counts")
-    return Restore(_peer(item), _seconds(item, "expires_in"), acquired)
+    return Restore(_peer(item), _seconds(item, "expires_in"), acquired, _seq(item))
+
+
+def _seq(item: dict) -> int | None:
+    """The client's number for an operation on a peer (docs/protocol.md), if it gives one."""
+    seq = _field(item, "seq", int, None)
+    if seq is not None and not 0 < seq <= MAX_PEER_ID:
+        raise _BadRequest("field 'seq' must be a positive 64-bit integer")
+    return seq
 
 
 def _check(item: dict) -> RateCheck | RateChecks:
@@ -320,9 +330,9 @@ def _is_retry_id(value: object) -> bool:
 _OPERATIONS: dict[str, Callable[[dict], Operation | RateOperation]] = {
     "new_peer": lambda item: NewPeer(_seconds(item, "expires_in")),
     "heartbeat": lambda item: Heartbeat(_peer(item), _seconds(item, "expires_in")),
-    "release_peer": lambda item: ReleasePeer(_peer(item)),
+    "release_peer": lambda item: ReleasePeer(_peer(item), _seq(item)),
     "acquire": _acquire,
-    "release": lambda item: ReleaseLock(_peer(item), _field(item, "semaphore", str)),
+    "release": lambda item: ReleaseLock(_peer(item), _field(item, "semaphore", str), _seq(item)),
     "is_acquired": lambda item: IsAcquired(_peer(item)),
     "remainder": lambda item: Remainder(_field(item, "semaphore", str)),
     "restore": _restore,

@@ -63,7 +63,7 @@ gossip = { algorithm = "fixed_window", limit = 5, window = "1s", mode = "gossip"
 [cluster]
 down_after = "2s"
 gossip_interval = "250ms"
-takeover_grace = "2s"
+
 """
 CONFIG = parse_config(CONFIG_TEXT)
 NODE_IDS = ("n1", "n2", "n3")

@@ -12,10 +12,10 @@ A node task that raises is not the end of the run: the node is down from then on
 that died of it would be, and `on_failure` hears of it (a violation of its own).
 
 While the network duplicates (`SimNetwork.duplicating`), a node sends the messages between
-homes and owners, and rate-limit gossip, twice: `cluster/shard.py` and `cluster/rate_limits.py`
-say repeated messages settle. (Not the frames: a link numbers its messages and drops what it
-had, so a repeated frame would test nothing; a node that said something twice is what the
-cores must bear.)
+homes and owners, those of slot ownership and replication, and rate-limit gossip, twice:
+docs/cluster.md says repeated messages change nothing. (Not the frames: a link numbers its
+messages and drops what it had, so a repeated frame would test nothing; a node that said
+something twice is what the cores must bear.)
 """
 
 from __future__ import annotations
@@ -30,18 +30,11 @@ from dataclasses import replace
 import trio
 from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
 
+from sluicegate.cluster import lock_messages, ownership
 from sluicegate.cluster.membership import Gossip
 from sluicegate.cluster.rate_limits import RateEvents, RateLimits
-from sluicegate.cluster.replica_stream import ReplicaDelta
+from sluicegate.cluster.replication import Accept, Accepted
 from sluicegate.cluster.semaphores import SemaphoreCore
-from sluicegate.cluster.shard import (
-    Audit,
-    LockAnswer,
-    LockRefused,
-    LockRelease,
-    LockRequest,
-    LockRestore,
-)
 from sluicegate.node.app import NodeApp
 from sluicegate.node.config import NodeConfig
 from sluicegate.node.link_codec import LINK_CODEC
@@ -50,7 +43,7 @@ from sluicegate.node.node_metrics import NodeMetrics
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
 from sluicegate.node.semaphore_service import LocalSemaphores
-from sluicegate.node.server import join_cluster
+from sluicegate.node.server import HAND_ON_TIMEOUT, join_cluster
 from sluicegate.node.wire import MAX_FRAME
 
 from .network import SimNetwork
@@ -65,7 +58,25 @@ STOPPING_LATENCY = 0.001
 PORT = 8000
 # What a duplicating network delivers twice on node links: messages whose receivers promise that
 # a repeat changes nothing.
-REPEATABLE = (LockRequest, LockRestore, LockRelease, LockAnswer, LockRefused, Audit, RateEvents)
+REPEATABLE = (
+    lock_messages.LockRequest,
+    lock_messages.LockRestore,
+    lock_messages.LockRelease,
+    lock_messages.LockAnswer,
+    lock_messages.LockRefused,
+    lock_messages.LockReleased,
+    lock_messages.LockTaken,
+    lock_messages.Audit,
+    ownership.Prepare,
+    ownership.Promise,
+    ownership.Refuse,
+    ownership.Renew,
+    ownership.Renewed,
+    ownership.Resign,
+    Accept,
+    Accepted,
+    RateEvents,
+)
 
 
 def virtual_epoch() -> int:
@@ -105,7 +116,6 @@ class SimNode:
         self.left = False
         self._on_failure = on_failure
         self._actor: SemaphoreActor | None = None
-        self._shard_actor: SemaphoreActor | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until crashed or stopped; `task_status.started()` once it listens and has joined."""
@@ -137,7 +147,7 @@ class SimNode:
                 self.address,
                 lambda stream: nursery.start_soon(self._serve_connection, stream),
             )
-            self.membership, self.semaphores, self._shard_actor = await nursery.start(
+            self.membership, self.semaphores = await nursery.start(
                 lambda task_status: join_cluster(
                     self.app,
                     self.rate_limits,
@@ -183,7 +193,7 @@ class SimNode:
         without end under a virtual clock that moves only when every task waits. So its clients
         are let go first, as a load balancer drains a node before stopping it, and the other
         nodes' requests take a millisecond to reach it while it stops."""
-        if self.crashed or self._shard_actor is None:
+        if self.crashed or self.semaphores is None:
             return
         nodes = {address.split(":")[0] for address in self.config.cluster.join}
         self._network.drain(self.node_id, keep=nodes)
@@ -191,8 +201,7 @@ class SimNode:
             self._network.delay(self.node_id, node_id, STOPPING_LATENCY)
         try:
             await self._actor.stop_blocking()
-            await self._shard_actor.stop_blocking()
-            await self.semaphores.hand_over(timeout=0.3)
+            await self.semaphores.leave(timeout=HAND_ON_TIMEOUT)
             await self.rate_limits.leave(timeout=0.3)
             await self.membership.leave()
         finally:
@@ -256,7 +265,7 @@ class _Link:
         message = await self._connection.get_message()
         if _Link.logging and isinstance(message, bytes):
             for item in LINK_CODEC.decode(message):
-                if not isinstance(item, Gossip | ReplicaDelta):
+                if not isinstance(item, Gossip | ownership.Renew | ownership.Renewed):
                     log.debug("received %r", item)
         return message
 

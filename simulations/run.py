@@ -52,7 +52,7 @@ gossip = { algorithm = "fixed_window", limit = 5, window = "1s", mode = "gossip"
 [cluster]
 down_after = "1s"
 gossip_interval = "200ms"
-takeover_grace = "2s"
+lease = "2s"
 rate_gossip_interval = "50ms"
 """
 )

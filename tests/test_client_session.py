@@ -37,10 +37,22 @@ def test_a_peer_goes_back_to_the_idle_ones_only_when_it_holds_nothing():
 def test_requests_have_fresh_ids_and_leave_out_empty_fields():
     session = Session(expires_in=10)
     peer = session.created(3, sent_at=0.0)
-    first = session.acquire(peer, "A", 1, wait=None)
-    second = session.acquire(peer, "A", 1, wait=2.0)
+    first = session.acquire(peer, "A", 1, wait=None, seq=session.next_op(peer))
+    second = session.acquire(peer, "A", 1, wait=2.0, seq=session.next_op(peer))
     assert first["id"] != second["id"]
     assert "wait" not in first and second["wait"] == 2.0
+
+
+def test_operations_on_a_peer_are_numbered_and_a_restore_says_the_last():
+    session = Session(expires_in=10)
+    peer, other = session.created(3, sent_at=0.0), session.created(4, sent_at=0.0)
+    assert "seq" not in session.restore(peer)  # nothing numbered yet
+    acquire = session.acquire(peer, "A", 1, wait=None, seq=session.next_op(peer))
+    release = session.release(peer, "A", seq=session.next_op(peer))
+    assert (acquire["seq"], release["seq"]) == (1, 2)
+    # A restore does not move on: the operation it comes before is retried with its number.
+    assert session.restore(peer)["seq"] == 2
+    assert session.next_op(other) == 1  # each peer counts its own
 
 
 def test_errors_map_to_exception_types_with_their_codes():

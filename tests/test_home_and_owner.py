@@ -11,7 +11,12 @@ import random
 
 import pytest
 
-from sluicegate.cluster.errors import AlreadyPending, UnknownPeer, UnknownSemaphore
+from sluicegate.cluster.errors import (
+    AlreadyPending,
+    StaleOperation,
+    UnknownPeer,
+    UnknownSemaphore,
+)
 from sluicegate.cluster.peers import AskOwner, PeerTable
 from sluicegate.cluster.semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases
 from sluicegate.cluster.semaphores import SemaphoreCore
@@ -31,54 +36,80 @@ def owner():
 
 def test_home_asks_the_owner_and_counts_the_peer_pending_meanwhile(home):
     peer = home.new_peer(60, random.Random(1))
-    assert home.acquire(peer, "A", 2, now=0) == AskOwner("A", 2)
+    assert home.acquire(peer, "A", 2, now=0) == AskOwner("A", 2, ticket=1)
     assert home.is_acquired(peer) is False
     # Asked again while the owner's answer is in flight: idempotent, still waiting.
     assert home.acquire(peer, "A", 2, now=0) is False
     with pytest.raises(AlreadyPending):
         home.acquire(peer, "B", 1, now=0)
-    assert home.granted(peer, "A", 2) is True
-    assert home.is_acquired(peer) is True
+    assert home.granted(peer, "A", 1, token=7) is True
+    assert home.is_acquired(peer) is True and home.token(peer, "A") == 7
     assert home.acquire(peer, "A", 2, now=0) is True
+
+
+def test_each_lock_of_a_peer_gets_the_next_ticket(home):
+    peer = home.new_peer(60, random.Random(1))
+    assert home.acquire(peer, "B", 1, now=0).ticket == 1
+    assert home.release_lock(peer, "B") == 1
+    assert home.acquire(peer, "B", 1, now=0).ticket == 2  # the same semaphore again: a new lock
+    home.granted(peer, "B", 2, token=3)
+    assert home.acquire(peer, "A", 1, now=0).ticket == 3
 
 
 def test_a_late_grant_for_a_withdrawn_lock_is_refused(home):
     peer = home.new_peer(60, random.Random(1))
-    home.acquire(peer, "A", 1, now=0)
-    assert home.release_lock(peer, "A") is True  # withdrawn: the owner must hear of it
-    assert home.granted(peer, "A", 1) is False
+    ticket = home.acquire(peer, "A", 1, now=0).ticket
+    assert home.release_lock(peer, "A") == ticket  # withdrawn: the owner must hear of it
+    assert home.granted(peer, "A", ticket, token=5) is False
     assert home.is_acquired(peer) is True
 
 
 def test_a_grant_for_a_peer_that_is_gone_is_refused(home):
     peer = home.new_peer(60, random.Random(1))
-    home.acquire(peer, "A", 1, now=0)
-    assert home.remove(peer) == ["A"]
-    assert home.granted(peer, "A", 1) is False
+    ticket = home.acquire(peer, "A", 1, now=0).ticket
+    assert home.remove(peer) == [("A", ticket)]
+    assert home.granted(peer, "A", ticket, token=5) is False
 
 
-def test_a_grant_with_another_count_is_refused(home):
+def test_a_grant_of_another_ticket_is_refused(home):
     peer = home.new_peer(60, random.Random(1))
-    home.acquire(peer, "A", 1, now=0)
-    assert home.granted(peer, "A", 2) is False
+    ticket = home.acquire(peer, "A", 1, now=0).ticket
+    assert home.granted(peer, "A", ticket + 1, token=5) is False
+    assert home.granted(peer, "A", ticket - 1, token=5) is False
 
 
-def test_home_release_reports_whether_the_owner_must_hear(home):
+def test_home_release_reports_what_the_owner_must_hear(home):
     peer = home.new_peer(60, random.Random(1))
     with pytest.raises(UnknownSemaphore):
         home.release_lock(12345, "nope")  # semaphore before peer
     with pytest.raises(UnknownPeer):
         home.release_lock(12345, "A")
-    assert home.release_lock(peer, "A") is False
+    assert home.release_lock(peer, "A") is None
+
+
+def test_a_client_operation_numbered_below_the_last_applied_is_stale(home):
+    peer = home.new_peer(60, random.Random(1))
+    home.numbered(peer, 3)
+    home.numbered(peer, 3)  # a retry of the same operation
+    home.numbered(peer, None)  # unnumbered (HTTP)
+    with pytest.raises(StaleOperation):
+        home.numbered(peer, 2)
+    home.numbered(peer, 4)
 
 
 def test_expiry_reports_the_locks_each_owner_must_release(home):
     peer = home.new_peer(10, random.Random(1))
-    home.acquire(peer, "B", 1, now=0)
-    home.granted(peer, "B", 1)
-    home.acquire(peer, "A", 1, now=0)
-    assert home.expire(10) == [(peer, ["B", "A"])]
+    b = home.acquire(peer, "B", 1, now=0).ticket
+    home.granted(peer, "B", b, token=1)
+    a = home.acquire(peer, "A", 1, now=0).ticket
+    assert home.expire(10) == [(peer, [("B", b), ("A", a)])]
     assert home.next_deadline() is None
+
+
+def test_expiry_spares_a_peer_while_asked_to(home):
+    peer = home.new_peer(10, random.Random(1))
+    assert home.expire(10, spared=lambda peer_id: peer_id == peer) == []
+    assert home.expire(10) == [(peer, [])]
 
 
 def test_owner_grants_in_arrival_order_across_homes(owner):
@@ -95,6 +126,30 @@ def test_owner_release_of_an_unknown_lock_changes_nothing(owner):
     owner.release(99, "A")
     assert owner.remainder("A") == 1
     assert owner.events() == []
+
+
+def test_owner_ignores_what_quotes_a_ticket_below_the_latest_of_the_peer(owner):
+    assert owner.request(1, "A", 1, now=0, ticket=5) is True
+    assert owner.request(1, "A", 1, now=0, ticket=4) is None  # stale: ignored
+    owner.release(1, "A", ticket=4)  # a stale release does not touch the newer lock
+    assert owner.remainder("A") == 1
+    assert owner.restore(1, "A", 1, ticket=3) is False
+    assert owner.request(1, "A", 1, now=0, ticket=5) is True  # the same lock again
+    owner.release(1, "A", ticket=5)
+    assert owner.remainder("A") == 2
+
+
+def test_a_newer_ticket_supersedes_the_peers_lock_and_releases_the_older_one(owner):
+    owner.request(1, "A", 2, now=0, ticket=1)
+    assert owner.request(2, "A", 1, now=0, ticket=1) is False  # waits behind
+    # The home released ticket 1 (the release is on its way) and asks anew: the old lock is
+    # dropped first, the waiter granted, and the new lock comes after it.
+    assert owner.request(1, "A", 1, now=1, ticket=2) is True
+    assert owner.events() == [LockGranted(2, "A", 1)]
+    owner.release(1, "A", ticket=1)  # the late release: below the latest, nothing to do
+    assert owner.ticket(1, "A") == 2 and owner.remainder("A") == 0
+    owner.release(1, "A", ticket=7)  # a release quoting a later ticket drops the older lock
+    assert owner.remainder("A") == 1
 
 
 def test_owner_restore_is_idempotent(owner):
@@ -121,18 +176,19 @@ def test_home_and_owner_with_a_message_in_flight():
     holder, waiter = home.new_peer(60, rng), home.new_peer(60, rng)
     for peer in (holder, waiter):
         ask = home.acquire(peer, "B", 1, now=0)
-        if owner.request(peer, ask.semaphore, ask.count, now=0):
-            assert home.granted(peer, "B", 1)
+        if owner.request(peer, ask.semaphore, ask.count, now=0, ticket=ask.ticket):
+            assert home.granted(peer, "B", ask.ticket, owner.token(peer, "B"))
     assert home.is_acquired(waiter) is False
 
-    home.release_lock(holder, "B")
-    owner.release(holder, "B")
+    owner.release(holder, "B", ticket=home.release_lock(holder, "B"))
     in_flight = owner.events()
     assert in_flight == [LockGranted(waiter, "B", 1)]
     home.release_lock(waiter, "B")  # the client gave up before the grant arrived
     for grant in in_flight:
-        if not home.granted(grant.peer_id, grant.semaphore, grant.count):
-            owner.release(grant.peer_id, grant.semaphore)
+        ticket = owner.ticket(grant.peer_id, grant.semaphore)
+        token = owner.token(grant.peer_id, grant.semaphore)
+        if not home.granted(grant.peer_id, grant.semaphore, ticket, token):
+            owner.release(grant.peer_id, grant.semaphore, ticket)
     assert owner.remainder("B") == 1
     assert home.is_acquired(waiter) is True
 

@@ -3,7 +3,6 @@ and the merging of gossiped "go" events, without any I/O."""
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -18,9 +17,9 @@ from sluicegate.cluster.rate_limits import (
     RateEvents,
     RateLimiterConfig,
     RateLimits,
-    Takeover,
 )
-from sluicegate.cluster.ring import Ring, rate_key
+from sluicegate.cluster.ring import rate_key
+from sluicegate.cluster.slots import slot_of
 
 CONFIGS = {
     "api": RateLimiterConfig("token_bucket", 4, rate=1.0),
@@ -152,73 +151,56 @@ def test_past_its_bound_the_memory_of_goes_forgets_the_older_half_early(monkeypa
     assert goes.forgotten_early == 4 and len(goes) == 3
 
 
-def owned_by(owner: str, members: tuple[str, ...], count: int = 1) -> list[str]:
-    ring = Ring(members)
-    return [k for k in (f"k{i}" for i in range(1000)) if ring.owner(rate_key("api", k)) == owner][
-        :count
-    ]
+def keys_in(slot: int | None = None, other_than: int | None = None, count: int = 1) -> list[str]:
+    """Keys of the limiter "api" in `slot`, or in any slot but `other_than`."""
+    keys = (f"k{i}" for i in range(100_000))
+    return [
+        key
+        for key in keys
+        if (slot is None or slot_of(rate_key("api", key)) == slot)
+        and slot_of(rate_key("api", key)) != other_than
+    ][:count]
 
 
-def test_the_keys_of_a_failed_owner_start_spent_and_no_others():
-    members = ("n1", "n2", "n3")
-    theirs, mine = owned_by("n1", members)[0], owned_by("n2", members)[0]
-    survivor = node("n2", 2)
-    survivor.take_over(Takeover("n1", members, 10.0))
-    # n1 may have admitted the whole bucket until 10.0: one token back a second later.
-    decision = survivor.check("api", theirs, 1, 10.5)
+def test_the_keys_of_a_slot_gained_without_a_hand_over_start_spent_and_no_others():
+    theirs = keys_in()[0]
+    slot = slot_of(rate_key("api", theirs))
+    mine = keys_in(other_than=slot)[0]
+    gainer = node("n2", 2)
+    gainer.gain_slot(slot, 10.0, None)
+    # The old owner may have admitted the whole bucket until 10.0: one token back a second on.
+    decision = gainer.check("api", theirs, 1, 10.5)
     assert not decision.go and decision.retry_after == pytest.approx(0.5)
-    assert survivor.check("api", theirs, 1, 11.0).go
-    assert survivor.check("api", mine, 4, 10.5).go  # its own keys are as they were
-    assert survivor.check("crawl", theirs, 5, 10.5).go  # gossip mode decides anywhere anyway
-    # A state handed over (one of n1's, older than its failure) is no less spent for it.
-    handed = node("n1", 3)
-    handed.check("api", theirs, 1, 9.0)
-    third = node("n3", 4)
-    third.take_over(Takeover("n1", members, 10.0))
-    third.store(handed.export(handed.held_keys()).states)
-    assert not third.check("api", theirs, 1, 10.5).go
-    # The failed owner's own state, woken from a freeze and told it was taken over, too.
-    woken = node("n1", 5)
-    woken.check("api", theirs, 1, 9.0)
-    woken.take_over(Takeover("n1", members, 10.0))
-    assert not woken.check("api", theirs, 1, 10.5).go
+    assert gainer.check("api", theirs, 1, 11.0).go
+    assert gainer.check("api", mine, 4, 10.5).go  # keys of other slots are as they were
+    assert gainer.check("crawl", theirs, 5, 10.5).go  # gossip mode decides anywhere anyway
+    assert gainer.spent_slots() == 1
+    # A spent bucket of 4 at 1 a second is full again 4 s later: the slot is forgotten.
+    gainer.evict(14.5)
+    assert gainer.spent_slots() == 0
 
 
-def test_takeovers_travel_to_joiners_and_end_when_a_spent_key_would_be_as_good_as_new():
-    members = ("n1", "n2", "n3")
-    key = owned_by("n1", members)[0]
-    survivor = node("n2", 2)
-    survivor.take_over(Takeover("n1", members, 10.0))
-    survivor.take_over(Takeover("n1", members, 9.0))  # another node's, older: the later stays
-    assert survivor.takeovers(13.9) == (Takeover("n1", members, 10.0),)
-    # The old owner back, having lost its memory, pulls and learns of it.
-    reborn = node("n1", 4)
-    for takeover in survivor.takeovers(12.0):
-        reborn.take_over(takeover)
-    assert not reborn.check("api", key, 4, 12.0).go
-    assert reborn.check("api", key, 2, 12.0).go
-    # A spent bucket of 4 at 1 a second is full again 4 s later.
-    assert survivor.takeovers(14.0) == ()
-    survivor.evict(14.0)
-    assert survivor.takeover_count() == 0
-    assert survivor.check("api", key, 4, 14.0).go
+def test_a_resigning_owner_hands_its_keys_over_with_what_they_remember():
+    key = keys_in()[0]
+    slot = slot_of(rate_key("api", key))
+    other = keys_in(other_than=slot)[0]
+    owner, successor = node("n1", 1), node("n2", 2)
+    first = owner.check("api", key, 3, 0.0, retry_id=7)
+    owner.check("api", other, 4, 0.0)
+    states = owner.lose_slot(slot)
+    assert [state.key for state in states] == [key]  # only that slot's keys go
+    assert owner.keys() == 1
+    successor.gain_slot(slot, 0.5, states)
+    assert successor.spent_slots() == 0
+    assert successor.check("api", key, 3, 0.5, retry_id=7) == first  # remembered, not again
+    assert successor.check("api", key, 1, 0.5).go  # 3 of 4 were spent: one left
+    assert not successor.check("api", key, 1, 0.5).go
 
 
-@pytest.mark.parametrize("size", [3, 4, 5])
-def test_a_member_not_seen_since_an_outage_covers_the_keys_of_every_majority_it_was_in(size):
-    members = tuple(f"n{i}" for i in range(1, size + 1))
-    majority = size // 2 + 1
-    depth = size - majority + 1
-    unseen = "n1"
-    rings = [
-        Ring(subset)
-        for count in range(majority, size + 1)
-        for subset in itertools.combinations(members, count)
-        if unseen in subset
-    ]
-    limits = node("n2")
-    limits.take_over(Takeover(unseen, members, 10.0, depth))
-    for i in range(200):
-        key = f"k{i}"
-        could_own = any(ring.owner(rate_key("api", key)) == unseen for ring in rings)
-        assert limits.check("api", key, 4, 10.0).go is not could_own, key
+def test_a_slot_gained_again_forgets_what_was_kept_of_it():
+    key = keys_in()[0]
+    slot = slot_of(rate_key("api", key))
+    limits = node("n1")
+    assert limits.check("api", key, 1, 0.0).go  # kept from an earlier term
+    limits.gain_slot(slot, 1.0, ())  # a new era: nothing was decided before
+    assert limits.check("api", key, 4, 1.0).go

@@ -15,7 +15,8 @@ from trio_websocket import wrap_client_stream, wrap_server_stream
 
 from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateChecks, RateHandoff, RatePull, RateState, Takeover
+from sluicegate.cluster.rate_limits import RateChecks, RateHandover, RateState
+from sluicegate.cluster.slots import Ballot
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -133,7 +134,7 @@ async def test_the_remote_can_refuse_with_unavailable(autojump_clock, pair):
 
 def test_rpc_messages_round_trip_through_the_link_codec():
     messages = [
-        Call(1, Acquire(2**64 - 1, "ä/b", 3, 1.5, None)),
+        Call(1, Acquire(2**64 - 1, "ä/b", 3, 1.5, None, 17)),
         Reply(1, AcquireOutcome(True, 2**62)),
         Reply(2, [19, 0]),
         Reply(3, None),
@@ -142,11 +143,9 @@ def test_rpc_messages_round_trip_through_the_link_codec():
         Call(6, RateChecks("api", "u1", 2, 3)),
         Reply(6, [Decision(True, 4, 0.0), Decision(False, 0, 0.25)]),
         Reply(7, Decision(True, 1, 0.0)),
-        RatePull(),
-        RateHandoff(
-            (RateState("api", "u1", (3.5, 12.25)),),
-            (Takeover("n1", ("n1", "n2", "n3"), 1.5e9, 2),),
-            ("n3",),
+        Failure(8, "StaleOperation", [3, 4]),
+        RateHandover(
+            12, Ballot(1_700_000_000_000, 3, "n1"), (RateState("api", "u1", (3.5, 12.25)),)
         ),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages

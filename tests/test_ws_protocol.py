@@ -92,6 +92,7 @@ def test_every_error_of_the_core_has_a_code_of_its_own():
         errors.InvalidLockCount(0),
         errors.RestoreConflict(),
         errors.ShrinkingLockCount(),
+        errors.StaleOperation(3, 4),
         errors.NotServing("moving"),
         Unavailable("no link"),
     ]

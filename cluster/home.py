@@ -1,0 +1,346 @@
+"""The home role: the peers of the slots this node acts for. The peer-level rules (checks 1 to
+8, expiry, levels, tickets) live in `PeerTable`; this adds the conversation with owners
+(`cluster/lock_messages.py`):
+
+* a lock the owner has not answered yet goes to it again every `RETRY_INTERVAL`, and one that
+  waits in line every `QUEUED_RECHECK` (a grant may have been lost with a life); a home that
+  gains a slot asks again for the pending locks of its peers;
+* a grant for a lock the peer no longer has is released at once; every grant is answered
+  `LockTaken`, so the release that caused it can be answered;
+* releases (by the client, a peer's deletion, expiry) go to the semaphore's owner again every
+  `RETRY_INTERVAL` until it confirms them (`LockReleased`; at most `RELEASE_PATIENCE`): until
+  then `unconfirmed` says so, and the shard holds back the answers that depend on them;
+* a heartbeat that keeps the peer's lease (its `expires_in`) writes nothing: a home that gains
+  the peer's slot gives it a whole lease from then, which is later than any deadline the old
+  home set (`PeerTable.load`);
+* a peer whose acquire waits for the owner's first answer expires only after that answer (at
+  most `DECISION_TIMEOUT` later): an operation completes before an expiry it raced, as on one
+  node.
+
+Pure: `now` comes in; where a semaphore's owner is comes from `owner_of`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .lock_messages import (
+    Audit,
+    LockAnswer,
+    LockRefused,
+    LockRelease,
+    LockReleased,
+    LockRequest,
+    LockRestore,
+    LockTaken,
+    OwnerToHome,
+)
+from .peers import AskOwner, PeerRecord, PeerTable
+from .semaphore_leases import SemaphoreConfig
+
+# A home sends a lock to its owner again if no answer came this long after it sent it...
+RETRY_INTERVAL = 1.0
+# ... and asks again about a lock that waits in line this often.
+QUEUED_RECHECK = 5.0
+# A release waits at most this long for its owner's confirmation before its client is answered.
+RELEASE_PATIENCE = 5.0
+# An acquire waits at most this long for its owner's first answer.
+DECISION_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Granted:
+    """The owner granted the peer's pending lock: it now holds all its locks."""
+
+    peer_id: int
+    semaphore: str
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The owner answered: the peer's lock waits in line."""
+
+    peer_id: int
+    semaphore: str
+
+
+@dataclass(frozen=True)
+class Removed:
+    """The peer is gone (deleted, or `expired`)."""
+
+    peer_id: int
+    expired: bool
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """Every release of the peer's locks so far is confirmed by its owner (or waited out)."""
+
+    peer_id: int
+
+
+Event = Granted | Queued | Removed | Confirmed
+
+
+class Home:
+    def __init__(
+        self,
+        semaphores: Mapping[str, SemaphoreConfig],
+        owner_of: Callable[[str], str | None],
+    ) -> None:
+        self.peers = PeerTable(semaphores)
+        self._owner_of = owner_of
+        # Locks to tell their owners about again: (peer, semaphore) -> when.
+        self._due: dict[tuple[int, str], float] = {}
+        # Peers whose acquire waits for the owner's first answer: peer -> until when.
+        self._deciding: dict[int, float] = {}
+        # Releases not confirmed yet: (peer, semaphore, ticket) -> until when to wait, and when
+        # to send them again.
+        self._unconfirmed: dict[tuple[int, str, int], float] = {}
+        self._resend: dict[tuple[int, str, int], float] = {}
+        # Changed or gone since the last `changed()`: to be written.
+        self._dirty: set[int] = set()
+        self._gone: set[int] = set()
+        self._events: list[Event] = []
+        self._outbox: list[tuple[str, object]] = []
+        self._now = -math.inf
+
+    # -- slots ------------------------------------------------------------------------------
+
+    def gain(self, records: Iterable[PeerRecord], now: float) -> None:
+        """Serve the peers of `records` from now on; ask again for their pending locks."""
+        self._now = now
+        for peer_id in self.peers.load(records, now):
+            for _, name, _, waiting, _ in self.peers.locks([peer_id]):
+                if waiting:
+                    self._tell_owner(peer_id, name, now)
+
+    def lose(self, chosen: Callable[[int], bool]) -> list[int]:
+        """Serve the peers `chosen` picks no more; their ids."""
+        gone = self.peers.drop(chosen)
+        for peer_id in gone:
+            self._deciding.pop(peer_id, None)
+            self._dirty.discard(peer_id)
+            self._gone.discard(peer_id)
+        gone_set = set(gone)
+        self._due = {key: at for key, at in self._due.items() if key[0] not in gone_set}
+        for key in [key for key in self._unconfirmed if key[0] in gone_set]:
+            del self._unconfirmed[key]
+            self._resend.pop(key, None)
+        return gone
+
+    # -- the Throttle API ------------------------------------------------------------------
+
+    def new_peer(self, expires_at: float, lease: float, rng: random.Random, homed) -> int:
+        peer_id = self.peers.new_peer(expires_at, rng, homed_here=homed, lease=lease)
+        self._dirty.add(peer_id)
+        return peer_id
+
+    def heartbeat(self, peer_id: int, expires_at: float, lease: float) -> None:
+        if self.peers.lease(peer_id) != lease:
+            self._dirty.add(peer_id)
+        self.peers.heartbeat(peer_id, expires_at, lease)
+
+    def release_peer(self, peer_id: int, op: int | None, now: float) -> bool:
+        if self.peers.has_peer(peer_id):
+            self.peers.numbered(peer_id, op)
+        locks = self.peers.remove(peer_id)
+        if locks is None:
+            return False
+        self._peer_gone(peer_id, locks, expired=False, now=now)
+        return True
+
+    def acquire(
+        self,
+        peer_id: int,
+        semaphore: str,
+        count: int,
+        now: float,
+        expires_in: float | None,
+        op: int | None,
+    ) -> bool | None:
+        """True if the peer holds all its locks now, False if it waits for one, None if its
+        owner decides (the answer comes as an event)."""
+        self._now = now
+        self.peers.numbered(peer_id, op)
+        self._dirty.add(peer_id)
+        decision = self.peers.acquire(peer_id, semaphore, count, now, expires_in)
+        if not isinstance(decision, AskOwner):
+            return decision
+        self._deciding[peer_id] = now + DECISION_TIMEOUT
+        self._tell_owner(peer_id, semaphore, now)
+        return None
+
+    def release_lock(self, peer_id: int, semaphore: str, op: int | None, now: float) -> None:
+        self.peers.numbered(peer_id, op)
+        ticket = self.peers.release_lock(peer_id, semaphore)
+        self._dirty.add(peer_id)
+        if ticket is not None:
+            self._release(peer_id, semaphore, ticket, now)
+
+    def restore(
+        self,
+        peer_id: int,
+        acquired: Mapping[str, int],
+        expires_at: float,
+        lease: float,
+        op: int | None,
+        now: float,
+    ) -> None:
+        tickets = self.peers.restore(peer_id, acquired, expires_at, lease, op)
+        if tickets is None:
+            return
+        self._dirty.add(peer_id)
+        self._gone.discard(peer_id)
+        for name in tickets:
+            self._tell_owner(peer_id, name, now)
+
+    # -- the conversation with owners --------------------------------------------------------
+
+    def receive(self, sender: str, message: OwnerToHome, now: float) -> None:
+        """A message from an owner about peers this node serves."""
+        self._now = now
+        match message:
+            case LockAnswer():
+                self._answered(sender, message, now)
+            case LockRefused(peer_id, name, ticket):
+                if self.peers.ticket(peer_id, name) == ticket:
+                    self._due[peer_id, name] = now + RETRY_INTERVAL
+            case LockReleased(peer_id, name, ticket):
+                self._confirm(peer_id, name, ticket)
+            case Audit(peer_ids, names, tickets):
+                for peer_id, name, ticket in zip(peer_ids, names, tickets, strict=True):
+                    if not self.peers.wants(peer_id, name, ticket):
+                        self._outbox.append((sender, LockRelease(peer_id, name, ticket, False)))
+
+    def _answered(self, sender: str, answer: LockAnswer, now: float) -> None:
+        peer_id, name, ticket = answer.peer_id, answer.semaphore, answer.ticket
+        if self.peers.ticket(peer_id, name) != ticket:
+            if answer.granted:
+                # A grant nobody wants (released, or the peer is gone): undo it.
+                self._outbox.append((sender, LockRelease(peer_id, name, ticket, False)))
+                self._outbox.append((sender, LockTaken(peer_id, name, ticket)))
+            return
+        self._deciding.pop(peer_id, None)
+        if not answer.granted:
+            pending = self.peers.pending(peer_id)
+            if pending is not None and pending[0] == name:
+                self._due[peer_id, name] = now + QUEUED_RECHECK
+                self._events.append(Queued(peer_id, name))
+            return
+        self._due.pop((peer_id, name), None)
+        pending = self.peers.pending(peer_id)
+        waiting = pending is not None and pending[0] == name  # else: a held lock, confirmed
+        if self.peers.granted(peer_id, name, ticket, answer.token):
+            self._dirty.add(peer_id)
+            if waiting:
+                self._events.append(Granted(peer_id, name))
+        self._outbox.append((sender, LockTaken(peer_id, name, ticket)))
+
+    def deciding_until(self, peer_id: int, now: float) -> float:
+        """Until when the peer's acquire waits for its owner's first answer."""
+        return self._deciding.get(peer_id, now + DECISION_TIMEOUT)
+
+    def unconfirmed(self, peer_id: int) -> bool:
+        """Has the peer a release its owner has not confirmed yet?"""
+        return any(key[0] == peer_id for key in self._unconfirmed)
+
+    # -- time -------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        deadlines = [self.peers.next_deadline() or math.inf]
+        deadlines.extend(self._due.values())
+        deadlines.extend(self._deciding.values())
+        deadlines.extend(self._unconfirmed.values())
+        deadlines.extend(self._resend.values())
+        return min(deadlines)
+
+    def tick(self, now: float) -> None:
+        """Expire peers, tell owners again what they did not answer, stop waiting for
+        confirmations that take too long."""
+        self._now = now
+        for peer_id, until in list(self._deciding.items()):
+            if now >= until:
+                del self._deciding[peer_id]
+        self.expire(now)
+        for (peer_id, name), at in list(self._due.items()):
+            if now >= at:
+                self._tell_owner(peer_id, name, now)
+        for key, until in list(self._unconfirmed.items()):
+            if now >= until:
+                self._confirm(*key)
+            elif now >= self._resend[key]:
+                self._send_release(*key, now)
+
+    def expire(self, now: float) -> None:
+        """Remove the peers whose deadline has come (but those an acquire decides for)."""
+        expired = self.peers.expire(now, spared=self._deciding.__contains__)
+        for peer_id, locks in expired:
+            self._peer_gone(peer_id, locks, expired=True, now=now)
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def changed(self, now: float) -> tuple[list[PeerRecord], list[int]]:
+        """The records of the peers changed since the last call, and the ids of those gone."""
+        present = [peer_id for peer_id in self._dirty if self.peers.has_peer(peer_id)]
+        gone = sorted(self._gone | (self._dirty - set(present)))
+        self._dirty, self._gone = set(), set()
+        return self.peers.snapshot(now, sorted(present)), gone
+
+    def events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def outbox(self) -> list[tuple[str, object]]:
+        outbox, self._outbox = self._outbox, []
+        return outbox
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _tell_owner(self, peer_id: int, name: str, now: float) -> None:
+        """Send the lock as it stands to its owner: a request while it waits, a restore while
+        it is held. Until an owner answers, it goes again every `RETRY_INTERVAL`."""
+        ticket = self.peers.ticket(peer_id, name)
+        if ticket is None:
+            self._due.pop((peer_id, name), None)
+            return
+        pending = self.peers.pending(peer_id)
+        if pending is not None and pending[0] == name:
+            message: object = LockRequest(peer_id, name, pending[1], ticket)
+        else:
+            message = LockRestore(peer_id, name, self.peers.holds(peer_id, name), ticket)
+        self._due[peer_id, name] = now + RETRY_INTERVAL
+        owner = self._owner_of(name)
+        if owner is not None:
+            self._outbox.append((owner, message))
+
+    def _release(self, peer_id: int, name: str, ticket: int, now: float) -> None:
+        self._due.pop((peer_id, name), None)
+        self._unconfirmed[peer_id, name, ticket] = now + RELEASE_PATIENCE
+        self._send_release(peer_id, name, ticket, now)
+
+    def _send_release(self, peer_id: int, name: str, ticket: int, now: float) -> None:
+        self._resend[peer_id, name, ticket] = now + RETRY_INTERVAL
+        owner = self._owner_of(name)
+        if owner is not None:
+            self._outbox.append((owner, LockRelease(peer_id, name, ticket, True)))
+
+    def _confirm(self, peer_id: int, name: str, ticket: int) -> None:
+        self._resend.pop((peer_id, name, ticket), None)
+        if self._unconfirmed.pop((peer_id, name, ticket), None) is None:
+            return
+        if not self.unconfirmed(peer_id):
+            self._events.append(Confirmed(peer_id))
+
+    def _peer_gone(
+        self, peer_id: int, locks: list[tuple[str, int]], expired: bool, now: float
+    ) -> None:
+        self._deciding.pop(peer_id, None)
+        self._gone.add(peer_id)
+        self._dirty.discard(peer_id)
+        self._events.append(Removed(peer_id, expired))
+        for name, ticket in locks:
+            self._release(peer_id, name, ticket, now)

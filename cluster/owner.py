@@ -1,0 +1,211 @@
+"""The owner role: the semaphores of the slots this node acts for. Check 9, the FIFO queue and
+fencing tokens live in `SemaphoreLeases`; this adds the conversation with homes
+(`cluster/lock_messages.py`):
+
+* a request, restore or release from a home is applied if its ticket is not below the latest
+  known of the peer, and answered (a grant with its token, or "waits");
+* a grant to a waiter goes to the waiter's home, which answers `LockTaken`;
+* a release the home waits on (`confirm`) is answered `LockReleased` once the grants it caused
+  were taken (or `TAKEN_PATIENCE` passed), so that whoever asks next, anywhere, sees them;
+* every `AUDIT_INTERVAL` the owner asks homes whether they still want the locks it counts for
+  their peers (a release lost with a life on the way is found so).
+
+Pure: `now` comes in; where a peer's home is comes from `home_of`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .lock_messages import (
+    Audit,
+    HomeToOwner,
+    LockAnswer,
+    LockRelease,
+    LockReleased,
+    LockRequest,
+    LockRestore,
+    LockTaken,
+)
+from .semaphore_leases import SemaphoreConfig, SemaphoreLeases, SemaphoreRecord, SemaphoreStats
+
+AUDIT_INTERVAL = 2.0
+# A release waits at most this long for the homes of the waiters it granted to take them.
+TAKEN_PATIENCE = 1.0
+
+
+@dataclass
+class _ReleaseAck:
+    """`LockReleased` to `home`, once the grants (peer id, ticket) in `waiting` were taken."""
+
+    home: str
+    answer: LockReleased
+    until: float
+    waiting: set[tuple[int, int]] = field(default_factory=set)
+
+
+class Owner:
+    def __init__(
+        self,
+        semaphores: Mapping[str, SemaphoreConfig],
+        home_of: Callable[[int], str | None],
+        *,
+        cold_start_grace: float = 0.0,
+    ) -> None:
+        self.leases = SemaphoreLeases(semaphores)
+        self._home_of = home_of
+        self._cold_start_grace = cold_start_grace
+        # The semaphores whose slot this node acts for.
+        self._acting: set[str] = set()
+        # Changed since the last `changed()`: to be written.
+        self._dirty: set[str] = set()
+        self._acks: list[_ReleaseAck] = []
+        self._audit_at = -math.inf
+        self._outbox: list[tuple[str, object]] = []
+
+    # -- slots ------------------------------------------------------------------------------
+
+    def gain(
+        self,
+        names: Iterable[str],
+        records: Iterable[SemaphoreRecord],
+        now: float,
+        epoch: int,
+        cold: bool,
+    ) -> None:
+        """Act for the semaphores `names` from now on, from their `records`; tokens go on in
+        `epoch` at least. After a cold start, `cold_start_grace` lets restores in first."""
+        names = list(names)
+        self.leases.start_epoch(names, epoch)
+        self.leases.load(records, now, epoch)
+        self._acting.update(names)
+        if cold and self._cold_start_grace > 0:
+            self.leases.start_grace(now + self._cold_start_grace, names)
+        self._audit_at = min(self._audit_at, now + AUDIT_INTERVAL)
+
+    def lose(self, names: Iterable[str]) -> None:
+        names = set(names)
+        self.leases.drop(names)
+        self._acting -= names
+        self._dirty -= names
+        self._acks = [ack for ack in self._acks if ack.answer.semaphore not in names]
+
+    def acts_for(self, name: str) -> bool:
+        return name in self._acting
+
+    # -- the conversation with homes ---------------------------------------------------------
+
+    def receive(self, sender: str, message: HomeToOwner, now: float) -> None:
+        """A message from a home about a semaphore this node acts for."""
+        name = message.semaphore
+        leases = self.leases
+        if isinstance(message, LockTaken):
+            for ack in self._acks:
+                ack.waiting.discard((message.peer_id, message.ticket))
+            self._send_acks(now)
+            return
+        self._dirty.add(name)
+        if isinstance(message, LockRelease):
+            leases.release(message.peer_id, name, message.ticket)
+            ack = _ReleaseAck(
+                sender,
+                LockReleased(message.peer_id, name, message.ticket),
+                now + TAKEN_PATIENCE,
+            )
+            ack.waiting.update(self._deliver_grants())
+            if message.confirm:
+                self._acks.append(ack)
+                self._send_acks(now)
+            return
+        if isinstance(message, LockRequest):
+            granted = leases.request(message.peer_id, name, message.count, now, message.ticket)
+        else:
+            assert isinstance(message, LockRestore)
+            granted = leases.restore(message.peer_id, name, message.count, message.ticket) or None
+        if granted is None:
+            return  # a ticket below the latest: stale
+        token = leases.token(message.peer_id, name) if granted else 0
+        self._outbox.append(
+            (sender, LockAnswer(message.peer_id, name, message.ticket, granted, token))
+        )
+        self._deliver_grants()
+
+    def _deliver_grants(self) -> list[tuple[int, int]]:
+        """Tell the homes of the waiters just granted; (peer id, ticket) of each."""
+        delivered = []
+        for grant in self.leases.events():
+            self._dirty.add(grant.semaphore)
+            ticket = self.leases.ticket(grant.peer_id, grant.semaphore)
+            token = self.leases.token(grant.peer_id, grant.semaphore)
+            home = self._home_of(grant.peer_id)
+            if home is not None:
+                self._outbox.append(
+                    (home, LockAnswer(grant.peer_id, grant.semaphore, ticket, True, token))
+                )
+            delivered.append((grant.peer_id, ticket))
+        return delivered
+
+    def _send_acks(self, now: float) -> None:
+        kept = []
+        for ack in self._acks:
+            if ack.waiting and now < ack.until:
+                kept.append(ack)
+            else:
+                self._outbox.append((ack.home, ack.answer))
+        self._acks = kept
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def remainder(self, name: str) -> int:
+        return self.leases.remainder(name)
+
+    def stats(self, now: float) -> list[SemaphoreStats]:
+        return self.leases.stats(now, sorted(self._acting))
+
+    # -- time -------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        deadlines = [ack.until for ack in self._acks]
+        grace = self.leases.grace_until
+        if grace is not None:
+            deadlines.append(grace)
+        if self.leases.any_in_use():
+            deadlines.append(self._audit_at)
+        return min(deadlines, default=math.inf)
+
+    def tick(self, now: float) -> None:
+        """End grace periods, send release answers whose patience ran out, and audit."""
+        if self.leases.end_grace(now):
+            self._deliver_grants()
+        self._send_acks(now)
+        if now >= self._audit_at:
+            self._audit_at = now + AUDIT_INTERVAL
+            self._audit()
+
+    def _audit(self) -> None:
+        asks: dict[str, Audit] = {}
+        for name in sorted(self._acting):
+            if not self.leases.in_use(name):
+                continue
+            for peer_id, ticket in self.leases.holdings(name):
+                home = self._home_of(peer_id)
+                if home is None:
+                    continue
+                audit = asks.setdefault(home, Audit([], [], []))
+                audit.peer_ids.append(peer_id)
+                audit.semaphores.append(name)
+                audit.tickets.append(ticket)
+        self._outbox.extend(asks.items())
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def changed(self) -> list[str]:
+        """The semaphores changed since the last call (to be written)."""
+        changed, self._dirty = self._dirty, set()
+        return sorted(changed)
+
+    def outbox(self) -> list[tuple[str, object]]:
+        outbox, self._outbox = self._outbox, []
+        return outbox

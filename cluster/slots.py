@@ -1,0 +1,43 @@
+"""Slots and ballots: the words ownership (`cluster/ownership.py`) and replication
+(`cluster/replication.py`) share.
+
+Every key (a peer, a semaphore, an exact rate-limit key) hashes to one of `SLOTS` slots; a slot is
+what is owned and replicated. A ballot names one term of one slot's ownership: every change of
+owner uses a larger one (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ring import Ring, stable_hash
+
+SLOTS = 256
+# How far any node's clock may run from real time, as a rate: leases keep a margin for it.
+DRIFT = 0.02
+# A deadline that travels (a peer's expiry) grows by this factor at every hop, so that no copy
+# runs out before its original on a clock running up to DRIFT fast.
+STRETCH = 1 + 2 * DRIFT
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Ballot:
+    """One term of a slot's ownership: `era` (the cluster's cold start it belongs to), then
+    `number`, then the `member` that took the slot; compared in that order."""
+
+    era: int
+    number: int
+    member: str
+
+
+NO_BALLOT = Ballot(0, 0, "")
+
+
+def slot_of(key: bytes) -> int:
+    """The slot of a ring key (`cluster/ring.py`'s `peer_key`, `semaphore_key`, `rate_key`)."""
+    return stable_hash(key) % SLOTS
+
+
+def slot_owners(ring: Ring) -> list[str | None]:
+    """The member `ring` names for each slot (None on an empty ring)."""
+    return [ring.owner(b"slot/%d" % slot) for slot in range(SLOTS)]

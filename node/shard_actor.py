@@ -1,0 +1,146 @@
+"""The shard actor: one trio task owns a cluster node's `Shard` (cluster/shard.py) and its time.
+
+Client operations and messages from other nodes are applied in the task that brings them,
+synchronously: trio runs synchronous code atomically between awaits, so nothing interleaves and
+no lock is needed. After each, what the shard released goes out: answers to their callbacks,
+messages to the links, slot changes to the rate limits. The actor's own task sleeps until the
+shard's next deadline (by the node's clock) and ticks it; whoever changes the deadline moves
+its wake-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+import trio
+
+from sluicegate.cluster.semaphore_ops import Operation
+from sluicegate.cluster.shard import Shard, SlotChange
+
+from .clock import TRIO_CLOCK, Clock
+
+# Called with (result, None) or (None, error) when a submitted request is answered.
+Answered = Callable[[object, BaseException | None], None]
+
+
+class ShardActor:
+    def __init__(
+        self,
+        shard: Shard,
+        *,
+        send: Callable[[str, object], None],
+        on_slot_changes: Callable[[list[SlotChange]], None] = lambda changes: None,
+        clock: Clock = TRIO_CLOCK,
+    ) -> None:
+        self.shard = shard
+        self._send = send
+        self._on_slot_changes = on_slot_changes
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, Answered] = {}
+        # The scope the actor sleeps in, while it sleeps.
+        self._sleep: trio.CancelScope | None = None
+        # Messages were applied that no flush has written yet.
+        self._unflushed = False
+
+    @property
+    def node_id(self) -> str:
+        return self.shard.me
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def submit(self, requests: Iterable[tuple[Operation, Answered]]) -> None:
+        """Apply each operation now, in order; each callback gets its result or its error,
+        now or later (once what it follows is committed)."""
+        now = self._clock.now()
+        for op, answered in requests:
+            request_id = next(self._ids)
+            self._waiting[request_id] = answered
+            self.shard.submit(request_id, op, now)
+        self._after()
+
+    async def call(self, op: Operation) -> object:
+        """Apply `op` and return its answer, raising its error."""
+        done = trio.Event()
+        outcome: list = []
+
+        def answered(result: object, error: BaseException | None) -> None:
+            outcome.append((result, error))
+            done.set()
+
+        self.submit([(op, answered)])
+        await done.wait()
+        result, error = outcome[0]
+        if error is not None:
+            raise error
+        return result
+
+    def deliver(self, sender: str, message: object) -> None:
+        """A message from node `sender`: applied now, flushed by the actor's task when the
+        messages that came with it are applied too."""
+        self.shard.receive(sender, message, self._clock.now())
+        self._unflushed = True
+        if self._sleep is not None:
+            self._sleep.deadline = -math.inf
+
+    def members_changed(self, live: Mapping[str, int], voters: Iterable[str]) -> None:
+        """The live members (id -> life) or the voters (members not gone for good) changed."""
+        self.shard.members_changed(live, voters, self._clock.now())
+        self._after()
+
+    def stop_blocking(self) -> None:
+        """Answer every parked acquire now, and park none any more (shutting down)."""
+        self.shard.stop_blocking(self._clock.now())
+        self._after()
+
+    async def leave(self, timeout: float) -> None:
+        """Hand every slot on before this node says goodbye; at most `timeout`."""
+        self.shard.leave(self._clock.now())
+        self._after()
+        with trio.move_on_after(timeout):
+            while self.shard.ownership.acting_slots(self._clock.now()):
+                await self._clock.sleep(0.005)
+
+    # -- the actor's own task ---------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        clock = self._clock
+        while True:
+            deadline = -math.inf if self._unflushed else self.shard.next_deadline()
+            with trio.CancelScope(deadline=_trio_deadline(clock, deadline)) as self._sleep:
+                await trio.sleep_forever()
+            self._sleep = None
+            await clock.sleep(0)  # a frozen node's task waits here until it thaws
+            now = clock.now()
+            if now >= self.shard.next_deadline():
+                self.shard.tick(now)
+            else:
+                self.shard.flush(now)
+            self._after()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _after(self) -> None:
+        self._unflushed = False
+        shard = self.shard
+        for answer in shard.answers():
+            answered = self._waiting.pop(answer.request_id, None)
+            if answered is not None:
+                answered(answer.result, answer.error)
+        for member, message in shard.outbox():
+            self._send(member, message)
+        changes = shard.slot_changes()
+        if changes:
+            self._on_slot_changes(changes)
+        sleep = self._sleep
+        if sleep is not None and not self._unflushed:
+            deadline = _trio_deadline(self._clock, shard.next_deadline())
+            if deadline != sleep.deadline:
+                sleep.deadline = deadline
+
+
+def _trio_deadline(clock: Clock, deadline: float) -> float:
+    return math.inf if deadline == math.inf else clock.trio_deadline(deadline)

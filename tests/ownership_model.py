@@ -1,0 +1,333 @@
+"""A model of a cluster of `Ownership` cores, without trio or sockets: discrete events in real
+time, a network that loses, repeats and delays messages (in order per pair of lives, as node
+links are), partitions, pauses, crashes and clocks that run up to 1.5% fast or slow.
+
+Each node has lives; a life is an `Ownership` core that sees only its own clock. The model
+watches what the docs/cluster.md invariants forbid:
+
+* O1: every few milliseconds of real time it asks every life that runs whether it acts for each
+  slot, and records the span of real time of each gained term; two terms of one slot overlap
+  never.
+* O2: lives that act write records with unique keys; a write is committed when its node's
+  `CommitGate` releases what was held behind it; every later owner of the slot starts from
+  records that contain it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sluicegate.cluster.ownership import Gained, Lost, Ownership
+from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.slots import SLOTS
+
+LEASE = 1.0
+DOWN_AFTER = 1.0
+HELLO_EVERY = 0.1
+PROBE_EVERY = 0.01
+
+
+@dataclass
+class Life:
+    node: str
+    number: int
+    core: Ownership
+    rate: float
+    # local time = offset + rate * real time
+    offset: float
+    paused_until: float = -1.0
+    heard: dict[str, float] = field(default_factory=dict)  # member -> local time last heard
+    view: tuple = ()
+
+    def local(self, t: float) -> float:
+        return self.offset + self.rate * t
+
+    def real(self, local: float) -> float:
+        return (local - self.offset) / self.rate
+
+
+@dataclass
+class Term:
+    """One gained term of one slot at one life: the real times it was seen acting."""
+
+    life: tuple[str, int]
+    gained_at: float
+    first: float | None = None
+    last: float | None = None
+    ended: bool = False
+
+
+class Model:
+    def __init__(
+        self,
+        seed: int,
+        nodes: int = 3,
+        skew: float = 0.015,
+        rates: dict[str, float] | None = None,
+        down_after: float = DOWN_AFTER,
+    ) -> None:
+        """`skew`: each life's clock runs up to that much fast or slow, at random; `rates`: or
+        exactly so fast, by node; `down_after`: how long a life's silence takes to be
+        noticed."""
+        self.down_after = down_after
+        self.rng = random.Random(seed)
+        self.ids = [f"n{i}" for i in range(1, nodes + 1)]
+        self.skew = skew
+        self.rates = rates or {}
+        self.t = 0.0
+        self._events: list = []
+        self._seq = itertools.count()
+        self.lives: dict[str, Life | None] = {}
+        self._life_numbers = itertools.count(1)
+        self.cut: set[tuple[str, str]] = set()
+        self.loss = 0.0
+        self.duplicate = 0.0
+        # (sender life, receiver node) -> real time its last message is due (order per pair)
+        self._due: dict[tuple[tuple[str, int], str], float] = {}
+        self.terms: dict[int, list[Term]] = defaultdict(list)
+        self._open: dict[tuple[int, tuple[str, int]], Term] = {}
+        self.committed: dict[int, set[int]] = defaultdict(set)
+        self.violations: list[str] = []
+        self._keys = itertools.count(1)
+        self.writes = 0
+        self.gains = 0
+        for node in self.ids:
+            self.start(node)
+        self._schedule(0.0, "probe")
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run_until(self, end: float) -> None:
+        while self._events and self._events[0][0] <= end:
+            t, _, kind, data = heapq.heappop(self._events)
+            self.t = t
+            getattr(self, "_on_" + kind)(*data)
+        self.t = end
+
+    def _schedule(self, t: float, kind: str, *data) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), kind, data))
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def start(self, node: str) -> None:
+        rate = self.rates.get(node, 1 + self.rng.uniform(-self.skew, self.skew))
+        offset = self.rng.uniform(0, 1000)
+        number = next(self._life_numbers)
+        life = Life(node, number, None, rate, offset)  # type: ignore[arg-type]
+        life.core = Ownership(
+            node,
+            lease=LEASE,
+            settle=self.down_after,
+            era_floor=1000 + int(self.t * 1000),
+            rng=random.Random(self.rng.getrandbits(64)),
+            now=life.local(self.t),
+        )
+        self.lives[node] = life
+        self._schedule(self.t, "tick", node, number)
+        self._schedule(self.t, "hello", node, number)
+
+    def crash(self, node: str) -> None:
+        life = self.lives[node]
+        if life is not None:
+            for (slot, key), term in list(self._open.items()):
+                if key == (node, life.number):
+                    term.ended = True
+                    del self._open[slot, key]
+        self.lives[node] = None
+
+    def pause(self, node: str, seconds: float) -> None:
+        life = self.lives[node]
+        if life is not None:
+            life.paused_until = self.t + seconds
+
+    def partition(self, a: str, b: str, both_ways: bool = True) -> None:
+        self.cut.add((a, b))
+        if both_ways:
+            self.cut.add((b, a))
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    def isolate(self, node: str) -> None:
+        """Cut `node` off from every other node, both ways."""
+        for other in self.ids:
+            if other != node:
+                self.partition(node, other)
+
+    # -- event handlers ---------------------------------------------------------------------
+
+    def _running(self, node: str, number: int) -> Life | None:
+        life = self.lives.get(node)
+        if life is None or life.number != number:
+            return None
+        return life
+
+    def _deferred(self, life: Life, kind: str, *data) -> bool:
+        """A paused life does nothing: its events wait until it wakes."""
+        if self.t < life.paused_until:
+            self._schedule(life.paused_until, kind, *data)
+            return True
+        return False
+
+    def _on_tick(self, node: str, number: int) -> None:
+        life = self._running(node, number)
+        if life is None or self._deferred(life, "tick", node, number):
+            return
+        now = life.local(self.t)
+        self._refresh_view(life, now)
+        life.core.tick(now)
+        self._maybe_write(life, now)
+        self._after(life, now)
+        deadline = life.core.next_deadline()
+        due = min(life.real(max(deadline, now)), self.t + 0.05)
+        self._schedule(max(due, self.t + 0.001), "tick", node, number)
+
+    def _on_hello(self, node: str, number: int) -> None:
+        life = self._running(node, number)
+        if life is None or self._deferred(life, "hello", node, number):
+            return
+        for other in self.ids:
+            if other != node:
+                self._transmit(life, other, ("hello",))
+        self._schedule(self.t + HELLO_EVERY, "hello", node, number)
+
+    def _on_deliver(self, sender: str, receiver: str, message) -> None:
+        life = self.lives.get(receiver)
+        if life is None:
+            return
+        if self._deferred(life, "deliver", sender, receiver, message):
+            return
+        now = life.local(self.t)
+        life.heard[sender] = now
+        self._refresh_view(life, now)
+        if message != ("hello",):
+            life.core.receive(sender, message, now)
+            self._after(life, now)
+
+    def _on_probe(self) -> None:
+        for life in self.lives.values():
+            if life is None or self.t < life.paused_until:
+                continue
+            now = life.local(self.t)
+            key = (life.node, life.number)
+            for slot in life.core.acting_slots(now):
+                term = self._open.get((slot, key))
+                if term is None:
+                    self.violations.append(f"{self.t:.3f}: {key} acts for {slot} ungained")
+                    continue
+                if term.first is None:
+                    term.first = self.t
+                term.last = self.t
+                for other in self.terms[slot]:
+                    if other is not term and other.first is not None and other.last >= term.first:
+                        self.violations.append(
+                            f"{self.t:.3f}: slot {slot} acted by {key} since {term.first:.3f} "
+                            f"and by {other.life} from {other.first:.3f} to {other.last:.3f}"
+                        )
+        self._schedule(self.t + PROBE_EVERY, "probe")
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _refresh_view(self, life: Life, now: float) -> None:
+        live = {life.node: life.number}
+        for member, heard in life.heard.items():
+            if now - heard <= self.down_after:
+                other = self.lives.get(member)
+                live[member] = other.number if other is not None else 0
+        view = tuple(sorted(live))
+        if view != life.view:
+            life.view = view
+            life.core.members_changed(live, self.ids, now)
+
+    def _maybe_write(self, life: Life, now: float) -> None:
+        acting = life.core.acting_slots(now)
+        if not acting or self.rng.random() < 0.5:
+            return
+        slot = self.rng.choice(acting)
+        key = next(self._keys)
+        record = PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)
+        life.core.write(slot, [record], [], now)
+        life.core.gate.hold((slot, key))
+        self.writes += 1
+
+    def _after(self, life: Life, now: float) -> None:
+        core = life.core
+        for slot, key in core.gate.released():
+            self.committed[slot].add(key)
+        core.gate.failed()
+        for event in core.events():
+            me = (life.node, life.number)
+            if isinstance(event, Gained):
+                self.gains += 1
+                keys = {record.key for record in event.records}
+                missing = self.committed[event.slot] - keys
+                if missing:
+                    self.violations.append(
+                        f"{self.t:.3f}: {me} gained slot {event.slot} without committed "
+                        f"writes {sorted(missing)[:5]}"
+                    )
+                term = Term(me, self.t)
+                self.terms[event.slot].append(term)
+                self._open[event.slot, me] = term
+            elif isinstance(event, Lost):
+                term = self._open.pop((event.slot, me), None)
+                if term is not None:
+                    term.ended = True
+        for member, message in core.outbox():
+            self._transmit(life, member, message)
+
+    def _transmit(self, life: Life, member: str, message) -> None:
+        if (life.node, member) in self.cut or self.rng.random() < self.loss:
+            return
+        copies = 2 if self.rng.random() < self.duplicate else 1
+        pair = ((life.node, life.number), member)
+        for _ in range(copies):
+            due = max(self.t + self.rng.uniform(0.0005, 0.02), self._due.get(pair, 0.0))
+            self._due[pair] = due
+            self._schedule(due, "deliver", life.node, member, message)
+
+    # -- after the faults -------------------------------------------------------------------
+
+    def serving(self) -> list[int]:
+        """The slots no running life acts for now."""
+        acting = set()
+        for life in self.lives.values():
+            if life is not None and self.t >= life.paused_until:
+                acting.update(life.core.acting_slots(life.local(self.t)))
+        return [slot for slot in range(SLOTS) if slot not in acting]
+
+
+def random_run(seed: int, nodes: int = 3, faults: int = 12) -> Model:
+    """A run of `seed`: boot, random faults one after another, heal, settle."""
+    model = Model(seed, nodes)
+    rng = random.Random(seed ^ 0x5EED)
+    model.run_until(5.0)
+    for _ in range(faults):
+        kind = rng.choice(["crash", "pause", "partition", "one_way", "lossy", "long_pause"])
+        victim = rng.choice(model.ids)
+        lasting = rng.uniform(0.2, 4.0)
+        if kind == "crash":
+            model.crash(victim)
+            model.run_until(model.t + lasting)
+            model.start(victim)
+        elif kind in ("pause", "long_pause"):
+            model.pause(victim, lasting if kind == "pause" else 3 * LEASE + lasting)
+            model.run_until(model.t + lasting)
+        elif kind in ("partition", "one_way"):
+            for other in model.ids:
+                if other != victim:
+                    model.partition(victim, other, both_ways=kind == "partition")
+            model.run_until(model.t + lasting)
+            model.heal()
+        else:
+            model.loss, model.duplicate = 0.2, 0.2
+            model.run_until(model.t + lasting)
+            model.loss, model.duplicate = 0.0, 0.0
+        model.run_until(model.t + rng.uniform(0.5, 3.0))
+    model.heal()
+    model.run_until(model.t + 15.0)
+    return model

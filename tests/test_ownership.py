@@ -1,0 +1,264 @@
+"""Ownership of slots (`cluster/ownership.py`) and quorum writes (`cluster/replication.py`),
+without trio or sockets: the invariants of docs/cluster.md checked by `tests/ownership_model.py`
+under loss, repeats, partitions one and two ways, pauses, crashes and skewed clocks, with
+planted bugs to show the checks have teeth; then the pieces one by one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sluicegate.cluster import ownership as ownership_module
+from sluicegate.cluster.ownership import (
+    ColdAnswer,
+    ColdStart,
+    ColdStarted,
+    Ownership,
+    Prepare,
+    Promise,
+    Recover,
+    RecoverReply,
+    Refuse,
+    Renew,
+    Renewed,
+    Resign,
+    SlotImage,
+)
+from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.replication import Accept, Accepted, CommitGate, SlotCopy, SlotWriter
+from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
+from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
+from sluicegate.node.link_codec import LINK_CODEC
+
+from .ownership_model import LEASE, Model, random_run
+
+
+def record(key: int) -> PeerRecord:
+    return PeerRecord(key, 60.0, 60.0, {}, None, 0, {}, {}, 1, 0)
+
+
+# -- the invariants, over many schedules ------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_three_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(seed):
+    model = random_run(seed)
+    assert model.violations == []
+    assert model.serving() == [], "every slot served again once the faults are over"
+    assert model.writes > 500 and model.gains > 256
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_five_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(seed):
+    model = random_run(100 + seed, nodes=5)
+    assert model.violations == []
+    assert model.serving() == []
+
+
+def cut_off_the_owner_mid_round(seed: int) -> Model:
+    """n1's clock runs as slow as DRIFT allows, the acceptors' as fast; n1 is cut off at a
+    random moment of its renewal round, and the others notice at once: they ask for its slots
+    the moment their lease promises end."""
+    model = Model(seed, rates={"n1": 1 - DRIFT, "n2": 1 + DRIFT, "n3": 1 + DRIFT}, down_after=0.3)
+    model.run_until(4.0 + model.rng.uniform(0, LEASE / 4))
+    model.isolate("n1")
+    model.run_until(model.t + 3 * LEASE)
+    return model
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_owner_cut_off_stops_before_another_takes_its_slots_at_the_drift_bound(seed):
+    model = cut_off_the_owner_mid_round(seed)
+    assert model.violations == []
+    assert model.serving() == []
+
+
+def test_a_lease_a_tenth_longer_than_the_rule_allows_is_caught(monkeypatch):
+    original = Ownership.__init__
+
+    def overlong(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.usable_lease = self.lease * 1.1
+
+    monkeypatch.setattr(Ownership, "__init__", overlong)
+    assert cut_off_the_owner_mid_round(1).violations
+
+
+@pytest.mark.parametrize(
+    "plant",
+    ["acceptors ignore leases", "a quorum one short", "adopt the oldest copy"],
+)
+def test_the_model_catches_planted_bugs(monkeypatch, plant):
+    if plant == "acceptors ignore leases":
+        monkeypatch.setattr(
+            ownership_module._Acceptor, "leased_to_other", lambda self, member, now: False
+        )
+    elif plant == "a quorum one short":
+        monkeypatch.setattr(ownership_module, "quorum_of", lambda voters: len(voters) // 2)
+    else:
+        monkeypatch.setattr(
+            ownership_module,
+            "latest",
+            lambda promises: min(promises, key=lambda p: (p.accepted, p.version), default=None),
+        )
+    assert random_run(3).violations
+
+
+# -- lives and eras --------------------------------------------------------------------------
+
+
+def test_a_cluster_starting_cold_agrees_on_one_era_and_takes_every_slot():
+    model = Model(7)
+    model.run_until(5.0)
+    eras = {life.core.era for life in model.lives.values()}
+    assert len(eras) == 1 and eras != {0}
+    assert all(life.core.ready for life in model.lives.values())
+    assert model.serving() == []
+
+
+def test_a_restarted_node_recovers_the_era_and_what_its_old_life_held():
+    model = Model(8)
+    model.run_until(5.0)
+    era = model.lives["n1"].core.era
+    committed = {slot: set(keys) for slot, keys in model.committed.items() if keys}
+    assert committed
+    model.crash("n2")
+    model.run_until(7.0)
+    model.start("n2")
+    life = model.lives["n2"]
+    model.run_until(7.5)
+    assert not life.core.ready, "a new life waits out the leases of its previous one"
+    model.run_until(12.0)
+    assert life.core.ready and life.core.era == era  # recovered, no new era
+    for slot, keys in committed.items():
+        # The model's writes only add records: whatever was committed before the crash is in
+        # the copy the new life recovered (or in a later one of the slot).
+        copy = {r.key for r in life.core._acceptors[slot].copy.records(0.0)}
+        assert keys <= copy, f"slot {slot} lost committed writes in the recovered copy"
+    assert model.violations == [] and model.serving() == []
+
+
+def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
+    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core.outbox()
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 0.1)
+    core.receive("n2", Renew(1, 5, [3], [1]), 0.1)
+    core.receive("n2", Accept(3, Ballot(5, 1, "n2"), 1, True, [], []), 0.1)
+    assert [m for _, m in core.outbox() if not isinstance(m, Recover)] == []
+    core.receive("n2", Recover(9), 0.1)
+    assert core.outbox() == [("n2", RecoverReply(9, False, 0, [], 0, 1))]
+
+
+def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
+    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(7, 0.0, cold=True)
+    core.events()
+    core.receive("n2", ColdStart(Ballot(9, 0, "n2")), 0.5)
+    assert core.outbox() == [("n2", ColdAnswer(Ballot(9, 0, "n2"), NO_BALLOT, True))]
+
+
+def test_a_larger_era_seen_drops_what_an_older_one_left():
+    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(7, 0.0, cold=True)
+    core.receive("n2", Accept(3, Ballot(7, 1, "n2"), 1, True, [record(1)], []), 0.1)
+    assert len(core._acceptors[3].copy) == 1
+    core.receive("n3", Prepare(4, Ballot(8, 1, "n3")), 0.2)
+    assert core.era == 8 and len(core._acceptors[3].copy) == 0
+
+
+# -- pieces ----------------------------------------------------------------------------------
+
+
+def test_an_acceptor_refuses_a_ballot_while_it_leases_the_slot_to_another_member():
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 1.0)
+    assert isinstance(core.outbox()[0][1], Promise)
+    core.receive("n3", Prepare(3, Ballot(5, 2, "n3")), 1.5)
+    ((_, refusal),) = core.outbox()
+    assert isinstance(refusal, Refuse) and refusal.lease_left == pytest.approx(0.5)
+    # The lessee renews and hears who asked; once it resigns, the other gets the slot at once.
+    core.receive("n2", Renew(1, 5, [3], [1]), 1.6)
+    ((_, renewed),) = core.outbox()
+    assert renewed == Renewed(1, [3], [], [], [3], ["n3"])
+    core.receive("n2", Resign(3, Ballot(5, 1, "n2")), 1.7)
+    core.receive("n3", Prepare(3, Ballot(5, 2, "n3")), 1.7)
+    assert isinstance(core.outbox()[0][1], Promise)
+    # A smaller ballot is refused whatever the leases.
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 9.0)
+    assert core.outbox()[0][1].promised == Ballot(5, 2, "n3")
+
+
+def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
+    copy = SlotCopy()
+    ballot = Ballot(1, 1, "n1")
+    assert copy.apply(Accept(0, ballot, 1, True, [record(1)], []), 0.0)
+    assert copy.apply(Accept(0, ballot, 2, False, [record(2)], [1]), 0.0)
+    assert copy.apply(Accept(0, ballot, 2, False, [record(9)], []), 0.0)  # a repeat: no change
+    assert {r.key for r in copy.records(0.0)} == {2}
+    assert not copy.apply(Accept(0, ballot, 4, False, [record(4)], []), 0.0)  # 3 is missing
+    assert (copy.accepted, copy.version) == (ballot, 2)
+
+
+def test_a_copy_ages_deadlines_and_stretches_them_for_clock_drift():
+    copy = SlotCopy()
+    copy.apply(Accept(0, Ballot(1, 1, "n1"), 1, True, [record(1)], []), 10.0)
+    (aged,) = copy.records(15.0)
+    assert aged.expires_in == pytest.approx(60.0 * (1 + 2 * DRIFT) - 5.0)
+
+
+def test_a_writer_commits_what_a_quorum_holds_and_sends_whole_to_who_fell_behind():
+    writer = SlotWriter(0, Ballot(1, 1, "n1"))
+    voters = {"n1", "n2", "n3"}
+    for _ in range(3):
+        writer.next_version()
+    writer.held("n1", 3)
+    assert writer.committed(voters) == 0 and writer.pending(voters)
+    assert writer.held("n2", 3) is False
+    assert writer.committed(voters) == 3 and not writer.pending(voters)
+    assert writer.held("n3", 1) is True  # behind: send it the slot whole, once
+    assert writer.held("n3", 1) is False
+
+
+def test_the_gate_holds_back_what_follows_uncommitted_writes_and_fails_it_if_they_are_lost():
+    gate: CommitGate[str] = CommitGate()
+    gate.hold("before anything")
+    gate.written(1, 1)
+    gate.hold("after slot 1")
+    gate.written(2, 1)
+    gate.hold("after slot 2")
+    assert gate.released() == ["before anything"]
+    gate.committed(1, 1)
+    assert gate.released() == ["after slot 1"]
+    gate.lost(2)
+    assert gate.failed() == ["after slot 2"] and gate.released() == []
+
+
+def test_every_ownership_message_crosses_a_node_link():
+    ballot = Ballot(1_700_000_000_000, 7, "n2")
+    semaphore = SemaphoreRecord("A", 9, [LockRecord(5, 1, 2, 8)], [LockRecord(6, 1, 3, 0)])
+    messages = [
+        Prepare(3, ballot),
+        Promise(3, ballot, NO_BALLOT, 0, [record(5), semaphore]),
+        Refuse(3, ballot, ballot, 0.25),
+        Renew(4, ballot.era, [1, 2], [7, 8]),
+        Renewed(4, [1], [2], [ballot], [1], ["n3"]),
+        Resign(3, ballot),
+        Accept(3, ballot, 2, False, [record(5)], [6, "B"]),
+        Accepted(3, ballot, 2),
+        Recover(11),
+        RecoverReply(11, True, ballot.era, [SlotImage(3, ballot, ballot, 2, [semaphore])], 0, 1),
+        ColdStart(ballot),
+        ColdAnswer(ballot, ballot, False),
+        ColdStarted(ballot),
+    ]
+    assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
+
+
+def test_slots_spread_over_the_members():
+    model = Model(9)
+    model.run_until(5.0)
+    acting = [len(life.core.acting_slots(life.local(model.t))) for life in model.lives.values()]
+    assert sum(acting) == SLOTS and min(acting) > SLOTS / 3 * 0.6
