@@ -27,6 +27,7 @@ from sluicegate.cluster.shard import Message as ShardMessage
 from sluicegate.cluster.shard import ShardCore
 
 from .app import NodeApp
+from .clock import TRIO_CLOCK, Clock
 from .config import NodeConfig
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
@@ -137,6 +138,7 @@ async def join_cluster(
     rng: random.Random | None = None,
     generation: int | None = None,
     epoch: Callable[[], int] = epoch_now,
+    clock: Clock = TRIO_CLOCK,
     task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores, SemaphoreActor]],
 ) -> None:
     """Run membership, node links and forwarding for this node, reachable at `address`.
@@ -185,8 +187,9 @@ async def join_cluster(
         rng,
         generation,
         on_link_down=lambda remote_id: rpc.link_down(remote_id),
+        clock=clock,
     )
-    rpc = Rpc(links)
+    rpc = Rpc(links, clock=clock)
     membership = Membership(
         node_id,
         address,
@@ -199,6 +202,7 @@ async def join_cluster(
         links,
         interval=cluster.gossip_interval,
         rng=rng,
+        clock=clock,
         # Calls forwarded to a member counted down fail at once: waiting out FORWARD_TIMEOUT
         # on a frozen node would let its peers expire while another node serves them.
         on_member_down=rpc.link_down,
