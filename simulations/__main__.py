@@ -4,6 +4,8 @@ python -m simulations run --seeds-from simulations/regressions.txt
                                                    the seeds a file lists (one per line)
 python -m simulations run --seed 7 --trace --logs  ... with the nodes' logs and the messages
                                                    each node received on its links
+python -m simulations run --seeds 200 --with skew,freeze
+                                                   the extra fault kinds too
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simulations.chaos import ChaosRun  # noqa: E402
+from simulations.faults import EXTRA_FAULTS  # noqa: E402
 from simulations.planted import PLANTED  # noqa: E402
 from simulations.run import (  # noqa: E402
     NODES,
@@ -61,6 +64,7 @@ def main() -> int:
     run.add_argument(
         "--plant", choices=sorted(PLANTED), help="run with this bug planted (checkers' teeth)"
     )
+    _add_sweep_options(run)
     chaos = commands.add_parser(
         "chaos",
         help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
@@ -99,17 +103,71 @@ def main() -> int:
         seeds = read_seeds(args.seeds_from)
     else:
         seeds = range(args.first, args.first + args.seeds)
+    failures = sweep(
+        seeds,
+        args.jobs,
+        args.nodes,
+        extra=args.extra,
+        trace=args.trace,
+        hashes=args.hashes,
+        until_caught=args.until_caught,
+        plant=args.plant,
+    )
+    return 1 if failures else 0
+
+
+def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--with",
+        dest="extra",
+        type=_extra_kinds,
+        default=(),
+        metavar="KINDS",
+        help=f"fault kinds to add to the seeds' choice, comma-separated: {', '.join(EXTRA_FAULTS)}"
+        " (each seed enables each with probability 1/2)",
+    )
+
+
+def _extra_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in EXTRA_FAULTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown kind {', '.join(unknown)} (choose from {', '.join(EXTRA_FAULTS)})"
+        )
+    return kinds
+
+
+def replay_command(seed: int, nodes: int, extra: Sequence[str]) -> str:
+    """The command that runs `seed` again as a sweep with these options ran it."""
+    options = f" --nodes {nodes}" if nodes != NODES else ""
+    options += f" --with {','.join(extra)}" if extra else ""
+    return f"python -m simulations run --seed {seed}{options} --trace"
+
+
+def sweep(
+    seeds: Sequence[int],
+    jobs: int,
+    nodes: int,
+    *,
+    extra: tuple[str, ...] = (),
+    trace: bool = False,
+    hashes: bool = False,
+    until_caught: bool = False,
+    plant: str | None = None,
+) -> list[int]:
+    """Run `seeds`, with a progress line, then print the summary; the seeds that failed."""
     outcomes: list[Outcome] = []
     faults: Counter = Counter()
     figures: Counter = Counter()
     checkers: Counter = Counter()
     started = time.monotonic()
-    for number, outcome in enumerate(_run_all(seeds, args.jobs, args.nodes), 1):
+    for number, outcome in enumerate(_run_all(seeds, jobs, nodes, extra), 1):
         outcomes.append(outcome)
         faults.update(outcome.faults)
         figures.update(outcome.figures)
         checkers.update(v.split("]", 1)[0].lstrip("[") for v in outcome.violations)
-        if args.trace:
+        if trace:
             print("\n".join(outcome.trace))
         failed = sum(1 for o in outcomes if o.violations)
         print(
@@ -118,18 +176,18 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
-        if args.until_caught and outcome.violations:
+        if until_caught and outcome.violations:
             break
     print(file=sys.stderr)
     elapsed = time.monotonic() - started
     outcomes.sort(key=lambda o: o.seed)
-    if args.hashes:
+    if hashes:
         for outcome in outcomes:
             print(f"seed {outcome.seed} hash {outcome.trace_hash}")
     failures = [o for o in outcomes if o.violations]
     print(f"runs        {len(outcomes)} ({len(outcomes) / elapsed * 60:.0f} per minute)")
-    if args.plant:
-        print(f"planted     {args.plant}")
+    if plant:
+        print(f"planted     {plant}")
     print(f"operations  {sum(o.operations for o in outcomes)}")
     print(
         "faults      "
@@ -144,11 +202,10 @@ def main() -> int:
         print(f"\nseed {outcome.seed} (trace {outcome.trace_hash}):")
         for violation in outcome.violations[:5]:
             print(f"  {violation}")
-        nodes = f" --nodes {args.nodes}" if args.nodes != NODES else ""
-        print(f"  replay: python -m simulations run --seed {outcome.seed}{nodes} --trace")
+        print(f"  replay: {replay_command(outcome.seed, nodes, extra)}")
     if len(outcomes) == 1:
         print(f"trace hash  {outcomes[0].trace_hash}")
-    return 1 if failures else 0
+    return [outcome.seed for outcome in failures]
 
 
 def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int:
@@ -196,16 +253,19 @@ def _progress_line(line: str) -> None:
     print(f"\r  {line}", end="", file=sys.stderr, flush=True)
 
 
-def _run_all(seeds: Sequence[int], jobs: int, nodes: int) -> Iterator[Outcome]:
+def _run_all(
+    seeds: Sequence[int], jobs: int, nodes: int, extra: tuple[str, ...]
+) -> Iterator[Outcome]:
     """Outcomes as runs end: here, or in `jobs` processes (each seed is a process's whole
     trio run, so processes share nothing)."""
     if jobs <= 1:
-        yield from (run_seed(seed, nodes) for seed in seeds)
+        yield from (run_seed(seed, nodes, extra) for seed in seeds)
         return
     with ProcessPoolExecutor(
         jobs, mp_context=get_context("spawn"), initializer=quiet_node_logs
     ) as pool:
-        for done in as_completed([pool.submit(run_seed, seed, nodes) for seed in seeds]):
+        runs = [pool.submit(run_seed, seed, nodes, extra) for seed in seeds]
+        for done in as_completed(runs):
             yield done.result()
 
 

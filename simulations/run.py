@@ -33,8 +33,9 @@ from sluicegate.node.config import NodeConfig, parse_config
 
 from . import workload
 from .checkers import check_history
+from .clocks import SimClock
 from .cluster import NODE, SimNode, describe, link_messages
-from .faults import FAULTS, RECOVERY_LIMIT, Injector
+from .faults import FAULTS, RECOVERY_LIMIT, Injector, extra_faults
 from .history import History
 from .network import SimNetwork
 from .workload import EXPIRES_IN, FencedResource
@@ -114,9 +115,10 @@ class Livelock(Exception):
     passes only when every task waits)."""
 
 
-def run_seed(seed: int, nodes: int = NODES) -> Outcome:
+def run_seed(seed: int, nodes: int = NODES, extra: tuple[str, ...] = ()) -> Outcome:
     """Run the simulation of `seed` on a cluster of `nodes` to its end (bounded in virtual
-    time; and in real time, for a livelock would never end: then the outcome says so)."""
+    time; and in real time, for a livelock would never end: then the outcome says so).
+    `extra`: fault kinds of `EXTRA_FAULTS` the seed may enable too (simulations/faults.py)."""
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
@@ -127,7 +129,7 @@ def run_seed(seed: int, nodes: int = NODES) -> Outcome:
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER)
     try:
-        return trio.run(_simulate, seed, nodes, clock=clock)
+        return trio.run(_simulate, seed, nodes, tuple(extra), clock=clock)
     except BaseException as error:
         if not _livelocked(error):
             raise
@@ -166,8 +168,11 @@ class _Cluster:
         config: NodeConfig,
         history: History,
         nodes: int,
+        rates: dict[str, float] | None = None,
     ) -> None:
+        """`rates`: the clock rate of each node whose clock is skewed (in all its lives)."""
         self.network = network
+        self.rates = rates or {}
         self.rng = rng
         self.config = config
         self.history = history
@@ -186,6 +191,7 @@ class _Cluster:
             generation=self._generations[node_id],
             join=seeds,
             on_failure=self._failed,
+            clock=SimClock(rate=self.rates.get(node_id, 1.0)),
         )
         self.nodes[node_id] = node
         await nursery.start(node.run)
@@ -225,11 +231,15 @@ class _Cluster:
         return "; ".join(views)
 
 
-async def _simulate(seed: int, nodes: int) -> Outcome:
+async def _simulate(seed: int, nodes: int, extra: tuple[str, ...]) -> Outcome:
     rng = random.Random(seed)
     history = _running[0] = History()
     network = SimNetwork()
-    cluster = _Cluster(network, rng, CONFIG, history, nodes)
+    ids = [f"n{i}" for i in range(1, nodes + 1)]
+    extra_kinds, rates = extra_faults(seed, extra, ids)
+    cluster = _Cluster(network, rng, CONFIG, history, nodes, rates)
+    for node_id, rate in rates.items():
+        history.note(f"clock of {node_id} runs at {rate:g} (skew)")
     resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(network.run)
@@ -244,7 +254,8 @@ async def _simulate(seed: int, nodes: int) -> Outcome:
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
         if nodes > 3 and rng.random() < 0.5:
             kinds.append("split")  # with three nodes, a partition of one node is the split
-        history.note("faults enabled: " + (", ".join(kinds) or "none"))
+        history.note("faults enabled: " + (", ".join(kinds + extra_kinds) or "none"))
+        kinds += [kind for kind in extra_kinds if kind != "skew"]  # skew is there all along
         injector = Injector(
             cluster,
             CLIENT_IDS,
@@ -296,7 +307,7 @@ async def _simulate(seed: int, nodes: int) -> Outcome:
         seed=seed,
         trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
         operations=history.operations,
-        faults=injector.fired,
+        faults=injector.fired + Counter({"skew": len(rates)}),
         violations=violations,
         trace=trace,
         figures=figures,
