@@ -4,8 +4,9 @@ python -m simulations run --seeds-from simulations/regressions.txt
                                                    the seeds a file lists (one per line)
 python -m simulations run --seed 7 --trace --logs  ... with the nodes' logs and the messages
                                                    each node received on its links
-python -m simulations run --seeds 200 --with skew,freeze
-                                                   the extra fault kinds too
+python -m simulations run --seeds 200 --with skew,freeze --availability
+                                                   the extra fault kinds too, and how long
+                                                   semaphores went unserved after each fault
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 
@@ -16,6 +17,7 @@ on hash order (tests/test_simulations.py replays seeds under other hash seeds th
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import signal
@@ -108,6 +110,7 @@ def main() -> int:
         args.jobs,
         args.nodes,
         extra=args.extra,
+        availability=args.availability,
         trace=args.trace,
         hashes=args.hashes,
         until_caught=args.until_caught,
@@ -126,6 +129,12 @@ def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
         help=f"fault kinds to add to the seeds' choice, comma-separated: {', '.join(EXTRA_FAULTS)}"
         " (each seed enables each with probability 1/2)",
     )
+    parser.add_argument(
+        "--availability",
+        action="store_true",
+        help="probe the nodes every 0.1 s and report, by fault kind, how long some "
+        "semaphore went unserved (the probe's traffic gives each seed another history)",
+    )
 
 
 def _extra_kinds(text: str) -> tuple[str, ...]:
@@ -138,10 +147,11 @@ def _extra_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def replay_command(seed: int, nodes: int, extra: Sequence[str]) -> str:
+def replay_command(seed: int, nodes: int, extra: Sequence[str], availability: bool) -> str:
     """The command that runs `seed` again as a sweep with these options ran it."""
     options = f" --nodes {nodes}" if nodes != NODES else ""
     options += f" --with {','.join(extra)}" if extra else ""
+    options += " --availability" if availability else ""
     return f"python -m simulations run --seed {seed}{options} --trace"
 
 
@@ -151,6 +161,7 @@ def sweep(
     nodes: int,
     *,
     extra: tuple[str, ...] = (),
+    availability: bool = False,
     trace: bool = False,
     hashes: bool = False,
     until_caught: bool = False,
@@ -161,12 +172,17 @@ def sweep(
     faults: Counter = Counter()
     figures: Counter = Counter()
     checkers: Counter = Counter()
+    # Fault kind -> (seconds some semaphore went unserved, seconds until all were served again
+    # for good) of each fault, with the availability probe.
+    unserved: dict[str, list[tuple[float, float]]] = {}
     started = time.monotonic()
-    for number, outcome in enumerate(_run_all(seeds, jobs, nodes, extra), 1):
+    for number, outcome in enumerate(_run_all(seeds, jobs, nodes, extra, availability), 1):
         outcomes.append(outcome)
         faults.update(outcome.faults)
         figures.update(outcome.figures)
         checkers.update(v.split("]", 1)[0].lstrip("[") for v in outcome.violations)
+        for kind, missed, back in outcome.availability:
+            unserved.setdefault(kind, []).append((missed, back))
         if trace:
             print("\n".join(outcome.trace))
         failed = sum(1 for o in outcomes if o.violations)
@@ -198,14 +214,37 @@ def sweep(
     if checkers:
         tally = ", ".join(f"{name} {count}" for name, count in sorted(checkers.items()))
         print(f"by checker  {tally}")
+    if availability:
+        print_availability(unserved)
     for outcome in failures:
         print(f"\nseed {outcome.seed} (trace {outcome.trace_hash}):")
         for violation in outcome.violations[:5]:
             print(f"  {violation}")
-        print(f"  replay: {replay_command(outcome.seed, nodes, extra)}")
+        print(f"  replay: {replay_command(outcome.seed, nodes, extra, availability)}")
     if len(outcomes) == 1:
         print(f"trace hash  {outcomes[0].trace_hash}")
     return [outcome.seed for outcome in failures]
+
+
+def print_availability(unserved: dict[str, list[tuple[float, float]]]) -> None:
+    """Percentiles, by fault kind, of how long some semaphore went unserved after each fault
+    began (summed over the fault's time), and of how long until all were served for good."""
+    print(
+        "unavailable seconds after each fault began, some semaphore unserved (summed) | "
+        "until all served again for good"
+    )
+    columns = "".join(f"{name:>7}" for name in ("p50", "p90", "p99", "max"))
+    print(f"  {'kind':<11} {'faults':>6} {columns} |{columns}")
+    for kind, figures in sorted(unserved.items()):
+        missed = sorted(figure[0] for figure in figures)
+        back = sorted(figure[1] for figure in figures)
+        print(f"  {kind:<11} {len(figures):>6} {_percentiles(missed)} |{_percentiles(back)}")
+
+
+def _percentiles(values: list[float]) -> str:
+    """p50, p90, p99 and max of sorted `values` (nearest rank)."""
+    picked = [values[max(0, math.ceil(p / 100 * len(values)) - 1)] for p in (50, 90, 99)]
+    return "".join(f"{value:7.1f}" for value in [*picked, values[-1]])
 
 
 def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int:
@@ -254,17 +293,17 @@ def _progress_line(line: str) -> None:
 
 
 def _run_all(
-    seeds: Sequence[int], jobs: int, nodes: int, extra: tuple[str, ...]
+    seeds: Sequence[int], jobs: int, nodes: int, extra: tuple[str, ...], availability: bool
 ) -> Iterator[Outcome]:
     """Outcomes as runs end: here, or in `jobs` processes (each seed is a process's whole
     trio run, so processes share nothing)."""
     if jobs <= 1:
-        yield from (run_seed(seed, nodes, extra) for seed in seeds)
+        yield from (run_seed(seed, nodes, extra, availability) for seed in seeds)
         return
     with ProcessPoolExecutor(
         jobs, mp_context=get_context("spawn"), initializer=quiet_node_logs
     ) as pool:
-        runs = [pool.submit(run_seed, seed, nodes, extra) for seed in seeds]
+        runs = [pool.submit(run_seed, seed, nodes, extra, availability) for seed in seeds]
         for done in as_completed(runs):
             yield done.result()
 

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from .availability import PLACE as PROBE
 from .history import History
 
 FAULTS = (
@@ -161,8 +162,9 @@ class Injector:
         return [node_id for node_id in self.cluster.ids if node_id != victim]
 
     def _places(self, victim: str) -> list[str]:
-        """Every place but `victim` that may talk to it: the other nodes and the clients."""
-        return self._others(victim) + self.clients + ["probe"]
+        """Every place but `victim` that may talk to it: the other nodes and the clients (the
+        workload's, the one that probes the cluster at the end, and the availability probe)."""
+        return self._others(victim) + self.clients + ["probe", PROBE]
 
     async def _crash(self, victim: str, lasting: float) -> None:
         self.cluster.nodes[victim].crash()

@@ -32,6 +32,7 @@ from sluicegate.client.websocket import handshake
 from sluicegate.node.config import NodeConfig, parse_config
 
 from . import workload
+from .availability import Probe
 from .checkers import check_history
 from .clocks import SimClock
 from .cluster import NODE, SimNode, describe, link_messages
@@ -80,6 +81,9 @@ class Outcome:
     trace: list[str] = field(default_factory=list)
     # Counts worth a look over many runs (stale writes rejected, messages repeated, ...).
     figures: Counter = field(default_factory=Counter)
+    # With `availability`: (fault kind, seconds some semaphore was unserved, seconds until all
+    # were served again for good) of every fault (simulations/availability.py).
+    availability: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def read_seeds(path: Path) -> list[int]:
@@ -115,10 +119,13 @@ class Livelock(Exception):
     passes only when every task waits)."""
 
 
-def run_seed(seed: int, nodes: int = NODES, extra: tuple[str, ...] = ()) -> Outcome:
+def run_seed(
+    seed: int, nodes: int = NODES, extra: tuple[str, ...] = (), availability: bool = False
+) -> Outcome:
     """Run the simulation of `seed` on a cluster of `nodes` to its end (bounded in virtual
     time; and in real time, for a livelock would never end: then the outcome says so).
-    `extra`: fault kinds of `EXTRA_FAULTS` the seed may enable too (simulations/faults.py)."""
+    `extra`: fault kinds of `EXTRA_FAULTS` the seed may enable too (simulations/faults.py);
+    `availability`: measure it with a probe client (simulations/availability.py)."""
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
@@ -129,7 +136,7 @@ def run_seed(seed: int, nodes: int = NODES, extra: tuple[str, ...] = ()) -> Outc
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER)
     try:
-        return trio.run(_simulate, seed, nodes, tuple(extra), clock=clock)
+        return trio.run(_simulate, seed, nodes, tuple(extra), availability, clock=clock)
     except BaseException as error:
         if not _livelocked(error):
             raise
@@ -231,7 +238,7 @@ class _Cluster:
         return "; ".join(views)
 
 
-async def _simulate(seed: int, nodes: int, extra: tuple[str, ...]) -> Outcome:
+async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability: bool) -> Outcome:
     rng = random.Random(seed)
     history = _running[0] = History()
     network = SimNetwork()
@@ -279,6 +286,9 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...]) -> Outcome:
                 clients.start_soon(
                     _client, name, network, cluster, history, resource, rng.getrandbits(64)
                 )
+            probe = Probe(network, cluster.ids, list(CONFIG.semaphores)) if availability else None
+            if probe is not None:
+                nursery.start_soon(probe.run)
             nursery.start_soon(inject)
             await trio.sleep(DURATION)
             injector.stop()
@@ -286,6 +296,8 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...]) -> Outcome:
                 await faults_over.wait()
             clients.cancel_scope.cancel()
         history.note("clients gone")
+        if probe is not None:
+            await probe.stop()
         if cluster.whole():
             await _settles(cluster, network, history, rng.getrandbits(64))
         elif not any(event.kind == "stuck" for event in history.events):
@@ -311,6 +323,7 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...]) -> Outcome:
         violations=violations,
         trace=trace,
         figures=figures,
+        availability=probe.by_fault(history.events) if probe is not None else [],
     )
 
 

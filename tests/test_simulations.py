@@ -117,12 +117,13 @@ def test_seeds_that_once_failed_pass():
 
 
 def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same():
-    # Seed 18 enables both (and both fire).
-    args = ("--seed", "18", "--with", "skew,freeze", "--trace", "--hashes")
+    # Seed 18 enables both (and both fire); the availability probe reports the freeze.
+    args = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
     done = simulate(*args, timeout=120)
     assert "clock of n3 runs at 1.01 (skew)" in done.stdout, done.stdout[-2000:]
     assert re.search(r"n\d frozen mid-write: \d+ of \d+ bytes to \w+ went", done.stdout)
     assert re.search(r"^faults .*freeze 1.*skew 1", done.stdout, re.M)
+    assert re.search(r"^  freeze +1 +[\d.]+", done.stdout, re.M)
     again = simulate(*args, timeout=120, hash_seed=5)
     assert hashes(again.stdout) == hashes(done.stdout) != {}
 
