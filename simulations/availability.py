@@ -118,7 +118,7 @@ class Probe:
     def by_fault(self, events: list[Event]) -> list[tuple[str, float, float]]:
         """(kind, unserved seconds, back after seconds) of every fault the probe watched."""
         faults = [e for e in events if e.kind == "fault" and e.at >= self.started]
-        ends = [e.at for e in faults[1:]] + [self.stopped]
+        ends = [e.at for e in faults[1:]] + [self.stopped] if faults else []
         return [
             (fault.detail.split()[0], *self.window(fault.at, end))
             for fault, end in zip(faults, ends, strict=True)
