@@ -7,6 +7,8 @@ python -m simulations run --seed 7 --trace --logs  ... with the nodes' logs and 
 python -m simulations run --seeds 200 --with skew,freeze --availability
                                                    the extra fault kinds too, and how long
                                                    semaphores went unserved after each fault
+python -m simulations deep                         3,000 seeds of three nodes and 1,000 of
+                                                   five from a random first seed (printed)
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 
@@ -67,6 +69,27 @@ def main() -> int:
         "--plant", choices=sorted(PLANTED), help="run with this bug planted (checkers' teeth)"
     )
     _add_sweep_options(run)
+    deep = commands.add_parser(
+        "deep",
+        help="a long sweep: 3,000 seeds of three nodes, 1,000 of five, from a random first seed",
+        description=(
+            "Sweep --three seeds with three nodes and --five with five, from --first (without "
+            "it, a random first seed, printed before anything runs so that the sweep can be "
+            "run again), with the availability probe. Prints each sweep's progress line and "
+            "summary, and how to replay every seed that failed; exit status 1 if any did."
+        ),
+    )
+    deep.add_argument("--three", type=int, default=3000, help="seeds with three nodes")
+    deep.add_argument("--five", type=int, default=1000, help="seeds with five nodes")
+    deep.add_argument("--first", type=int, help="the first seed (default: random, printed)")
+    deep.add_argument("--jobs", type=int, default=2, help="processes running seeds at once")
+    deep.add_argument(
+        "--no-availability",
+        dest="availability",
+        action="store_false",
+        help="without the availability probe (a quarter faster; other histories)",
+    )
+    _add_sweep_options(deep, availability=False)
     chaos = commands.add_parser(
         "chaos",
         help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
@@ -90,6 +113,8 @@ def main() -> int:
     if args.command == "chaos":
         return run_chaos_command(args.duration, args.seed, args.keep_logs)
     quiet_node_logs()
+    if args.command == "deep":
+        return run_deep(args.first, args.three, args.five, args.jobs, args.extra, args.availability)
     if args.logs:
         if args.jobs > 1:
             parser.error("--logs runs in this process only: --jobs 1")
@@ -119,7 +144,7 @@ def main() -> int:
     return 1 if failures else 0
 
 
-def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
+def _add_sweep_options(parser: argparse.ArgumentParser, availability: bool = True) -> None:
     parser.add_argument(
         "--with",
         dest="extra",
@@ -129,12 +154,13 @@ def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
         help=f"fault kinds to add to the seeds' choice, comma-separated: {', '.join(EXTRA_FAULTS)}"
         " (each seed enables each with probability 1/2)",
     )
-    parser.add_argument(
-        "--availability",
-        action="store_true",
-        help="probe the nodes every 0.1 s and report, by fault kind, how long some "
-        "semaphore went unserved (the probe's traffic gives each seed another history)",
-    )
+    if availability:
+        parser.add_argument(
+            "--availability",
+            action="store_true",
+            help="probe the nodes every 0.1 s and report, by fault kind, how long some "
+            "semaphore went unserved (the probe's traffic gives each seed another history)",
+        )
 
 
 def _extra_kinds(text: str) -> tuple[str, ...]:
@@ -245,6 +271,40 @@ def _percentiles(values: list[float]) -> str:
     """p50, p90, p99 and max of sorted `values` (nearest rank)."""
     picked = [values[max(0, math.ceil(p / 100 * len(values)) - 1)] for p in (50, 90, 99)]
     return "".join(f"{value:7.1f}" for value in [*picked, values[-1]])
+
+
+def run_deep(
+    first: int | None,
+    three: int,
+    five: int,
+    jobs: int,
+    extra: tuple[str, ...],
+    availability: bool = True,
+) -> int:
+    """`three` seeds with three nodes and `five` with five, from `first` (random if None)."""
+    if first is None:
+        first = random.SystemRandom().randrange(10**7, 10**9)
+    options = f" --with {','.join(extra)}" if extra else ""
+    options += "" if availability else " --no-availability"
+    print(
+        f"deep: seeds {first} to {first + three - 1} with three nodes, {first} to "
+        f"{first + five - 1} with five{options}\n"
+        f"      again: python -m simulations deep --first {first} --three {three} "
+        f"--five {five}{options}",
+        flush=True,
+    )
+    failed: list[str] = []
+    for nodes, count in ((3, three), (5, five)):
+        if count <= 0:
+            continue
+        print(f"\n{nodes} nodes, {count} seeds from {first}", flush=True)
+        seeds = range(first, first + count)
+        for seed in sweep(seeds, jobs, nodes, extra=extra, availability=availability):
+            failed.append(replay_command(seed, nodes, extra, availability))
+    print(f"\ndeep: {len(failed)} of {max(three, 0) + max(five, 0)} seeds failed")
+    for command in failed:
+        print(f"  {command}")
+    return 1 if failed else 0
 
 
 def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int:

@@ -133,3 +133,20 @@ def test_without_extra_kinds_a_seed_keeps_its_history(sweep):
     # own: a seed that enables neither (seed 8, here) runs as it does without them.
     done = simulate("--seed", "8", "--with", "skew,freeze", "--hashes", timeout=120)
     assert hashes(done.stdout) == {8: hashes(sweep.stdout)[8]}
+
+
+def test_a_deep_sweep_prints_its_first_seed_and_how_to_run_it_again():
+    done = subprocess.run(
+        [sys.executable, "-m", "simulations", "deep", "--three", "1", "--five", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    first = int(re.match(r"deep: seeds (\d+) to ", done.stdout).group(1))
+    assert 10**7 <= first < 10**9
+    assert f"again: python -m simulations deep --first {first} --three 1 --five 1" in done.stdout
+    assert re.search(r"^3 nodes, 1 seeds from", done.stdout, re.M)
+    assert re.search(r"^5 nodes, 1 seeds from", done.stdout, re.M)
+    assert "unavailable seconds after each fault began" in done.stdout
+    assert done.returncode == (0 if "deep: 0 of 2 seeds failed" in done.stdout else 1)
