@@ -16,8 +16,8 @@ whole again (every node serving, every node agreeing on the members) before the 
 * `pause`: a node's traffic, in and out, waits longer than a peer's expiry, then flows again in
   order: to the others and to its clients the node has stopped, as under SIGSTOP. (Its own
   timers run meanwhile, so it notices the silence as a cut-off node does; the moment after a
-  real SIGSTOP, when a node answers from its old state before its timers have run, is not
-  modelled: docs/cluster.md names it among what partitions may still do.)
+  real SIGSTOP, when a node wakes with its old state before its timers have run, is `freeze`'s,
+  below.)
 * `duplicate`: requests are delivered twice: clients' request frames, and, on node links, the
   messages between homes and owners and rate-limit gossip.
 
