@@ -107,6 +107,8 @@ class Home:
         self._events: list[Event] = []
         self._outbox: list[tuple[str, object]] = []
         self._now = -math.inf
+        # When peers were last expired.
+        self._expired_at = -math.inf
 
     # -- slots ------------------------------------------------------------------------------
 
@@ -251,7 +253,11 @@ class Home:
     # -- time -------------------------------------------------------------------------------
 
     def next_deadline(self) -> float:
-        deadlines = [self.peers.next_deadline() or math.inf]
+        expiry = self.peers.next_deadline()
+        if expiry is None or expiry <= self._expired_at:
+            # Due already, so spared: such a peer's time comes with its decision's.
+            expiry = math.inf
+        deadlines = [expiry]
         deadlines.extend(self._due.values())
         deadlines.extend(self._deciding.values())
         deadlines.extend(self._unconfirmed.values())
@@ -277,6 +283,7 @@ class Home:
 
     def expire(self, now: float) -> None:
         """Remove the peers whose deadline has come (but those an acquire decides for)."""
+        self._expired_at = now
         expired = self.peers.expire(now, spared=self._deciding.__contains__)
         for peer_id, locks in expired:
             self._peer_gone(peer_id, locks, expired=True, now=now)

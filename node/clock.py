@@ -1,14 +1,30 @@
 """A node's clock: the one place a node reads the time and waits for it.
 
-Every timer of a node (leases, expiry, gossip ticks, retries) reads `now()` and waits with
-`sleep` or `sleep_until`, in the node's own time. A process has one such clock, trio's
-monotonic clock (`TrioClock`). The simulations run several nodes in one process and give each
-a clock of its own (simulations/clocks.py): one that runs fast (clock-rate skew), or one that
-stops the node's tasks while it is frozen (SIGSTOP).
+Every timer of a node (leases, expiry, gossip ticks, retries, timeouts) reads `now()` and waits
+with `sleep`, `sleep_until` or a cancel scope from `move_on_at`, `move_on_after` or `fail_after`,
+in the node's own time. A process has one such clock, trio's monotonic clock (`TrioClock`). The
+simulations run several nodes in one process and give each a clock of its own
+(simulations/clocks.py): one that runs fast or slow (clock-rate skew), or one that stops the
+node's tasks while it is frozen (SIGSTOP).
+
+Rules for node code, so that a simulated clock can do both:
+
+* read the time with `now()`, never `trio.current_time()`;
+* wait with `sleep`, `sleep_until`, or a scope from `move_on_at`, `move_on_after`, `fail_after`
+  (a frozen node's scopes do not fire until it thaws; overdue ones fire then);
+* a scope's deadline is in the node's time: read it with `deadline_of(scope)` and move it with
+  `reschedule(scope, deadline)`, never through `scope.deadline` (which is trio time, and which a
+  freeze moves out of reach);
+* `trio_deadline(deadline)` converts for a scope the clock does not make (one a library
+  creates); a freeze does not hold such a scope.
+
+For `TrioClock`, each of these is the trio call it stands for, so a node process behaves as it
+did before the seam.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import trio
@@ -31,6 +47,27 @@ class Clock(Protocol):
         """`deadline` of the node's time as trio time, for cancel scopes."""
         ...
 
+    def move_on_at(self, deadline: float) -> AbstractContextManager[trio.CancelScope]:
+        """A cancel scope (entered as a context manager) that ends at `deadline`, node time."""
+        ...
+
+    def move_on_after(self, seconds: float) -> AbstractContextManager[trio.CancelScope]:
+        """A cancel scope that ends `seconds` of the node's time after it is entered (enter it
+        at once: a simulated clock may count from the call)."""
+        ...
+
+    def fail_after(self, seconds: float) -> AbstractContextManager[trio.CancelScope]:
+        """As `move_on_after`, raising `trio.TooSlowError` when the time runs out."""
+        ...
+
+    def deadline_of(self, scope: trio.CancelScope) -> float:
+        """The deadline of a scope this clock made, in the node's time."""
+        ...
+
+    def reschedule(self, scope: trio.CancelScope, deadline: float) -> None:
+        """Move the deadline of a scope this clock made to `deadline`, node time."""
+        ...
+
 
 class TrioClock:
     """trio's own clock: the node's time is trio time."""
@@ -47,5 +84,20 @@ class TrioClock:
     def trio_deadline(self, deadline: float) -> float:
         return deadline
 
+    def move_on_at(self, deadline: float) -> trio.CancelScope:
+        return trio.move_on_at(deadline)
 
-TRIO_CLOCK = TrioClock()
+    def move_on_after(self, seconds: float) -> trio.CancelScope:
+        return trio.move_on_after(seconds)
+
+    def fail_after(self, seconds: float) -> AbstractContextManager[trio.CancelScope]:
+        return trio.fail_after(seconds)
+
+    def deadline_of(self, scope: trio.CancelScope) -> float:
+        return scope.deadline
+
+    def reschedule(self, scope: trio.CancelScope, deadline: float) -> None:
+        scope.deadline = deadline
+
+
+TRIO_CLOCK: Clock = TrioClock()

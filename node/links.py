@@ -32,6 +32,7 @@ from typing import Protocol
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
 
+from .clock import TRIO_CLOCK, Clock
 from .wire import MAX_FRAME, Codec, WireError
 
 log = logging.getLogger("sluicegate.links")
@@ -121,8 +122,10 @@ def proof_of_secret(secret: bytes, nonce: bytes, client_id: str, server_id: str)
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-async def _receive_one(conn: MessageConnection, codec: Codec, expected: type) -> object:
-    with trio.fail_after(HANDSHAKE_TIMEOUT):
+async def _receive_one(
+    conn: MessageConnection, codec: Codec, expected: type, clock: Clock = TRIO_CLOCK
+) -> object:
+    with clock.fail_after(HANDSHAKE_TIMEOUT):
         data = await conn.get_message()
     if not isinstance(data, bytes):
         raise LinkRefused("text frame during the handshake")
@@ -136,14 +139,19 @@ async def _receive_one(conn: MessageConnection, codec: Codec, expected: type) ->
 
 
 async def dialer_handshake(
-    conn: MessageConnection, codec: Codec, node_id: str, generation: int, secret: bytes
+    conn: MessageConnection,
+    codec: Codec,
+    node_id: str,
+    generation: int,
+    secret: bytes,
+    clock: Clock = TRIO_CLOCK,
 ) -> Linked:
     """Answer the challenge; returns the accepting node."""
     try:
-        challenge = await _receive_one(conn, codec, Challenge)
+        challenge = await _receive_one(conn, codec, Challenge, clock)
         proof = proof_of_secret(secret, challenge.nonce, node_id, challenge.server_id)
         await conn.send_message(codec.encode([Hello(node_id, generation, proof)]))
-        welcome = await _receive_one(conn, codec, Welcome)
+        welcome = await _receive_one(conn, codec, Welcome, clock)
     except ConnectionClosed as closed:
         raise LinkRefused(f"closed during the handshake: {closed.reason}") from None
     if welcome.node_id != challenge.server_id:
@@ -158,12 +166,13 @@ async def acceptor_handshake(
     generation: int,
     secret: bytes,
     rng: random.Random,
+    clock: Clock = TRIO_CLOCK,
 ) -> Linked:
     """Challenge the dialer; returns it, or closes with 4401 and raises LinkRefused."""
     nonce = rng.randbytes(16)
     try:
         await conn.send_message(codec.encode([Challenge(node_id, nonce)]))
-        hello = await _receive_one(conn, codec, Hello)
+        hello = await _receive_one(conn, codec, Hello, clock)
     except ConnectionClosed as closed:
         raise LinkRefused(f"closed during the handshake: {closed.reason}") from None
     except LinkRefused:
@@ -186,11 +195,13 @@ class Link:
         codec: Codec,
         deliver: Deliver,
         on_down: Callable[[str], None] = lambda remote_id: None,
+        clock: Clock = TRIO_CLOCK,
     ) -> None:
         self.remote_id = remote_id
         self._codec = codec
         self._deliver = deliver
         self._on_down = on_down
+        self._clock = clock
         # Messages not acknowledged yet: (the life of the remote node the sender meant it for,
         # or None for any; the message). The first is number `_first` of this life's messages.
         self._outbox: deque[tuple[int | None, object]] = deque()
@@ -252,7 +263,7 @@ class Link:
             and not preferred
             and generation == self._remote_generation
         ):
-            with trio.move_on_after(CLOSE_TIMEOUT):
+            with self._clock.move_on_after(CLOSE_TIMEOUT):
                 await conn.aclose()
             return
         replaced, replaced_done = self._carrier, self._carried
@@ -281,7 +292,7 @@ class Link:
             finally:
                 # Closed here, replaced or broken: left open, a connection the other end still
                 # carries would swallow what it sends until a timeout noticed.
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                with trio.CancelScope(shield=True), self._clock.move_on_after(CLOSE_TIMEOUT):
                     await conn.aclose()
                 carried.set()
                 if self._carrier is scope:
@@ -297,7 +308,7 @@ class Link:
                 if self._unsent == self._first + len(self._outbox):
                     if self._acknowledged:
                         continue
-                    with trio.move_on_after(ACK_DELAY):
+                    with self._clock.move_on_after(ACK_DELAY):
                         await self._wake.wait()
                     self._wake = trio.Event()
                 first = self._unsent
@@ -403,10 +414,13 @@ class Links:
         rng: random.Random,
         generation: int,
         on_link_down: Callable[[str], None] = lambda remote_id: None,
+        clock: Clock = TRIO_CLOCK,
     ) -> None:
         """`generation` is this node's life, told to the other end of every link;
-        `on_link_down(remote_id)` is called whenever the link to a node goes down."""
+        `on_link_down(remote_id)` is called whenever the link to a node goes down; `clock`
+        times backoffs, acknowledgements, handshakes and holds."""
         self.node_id = node_id
+        self._clock = clock
         self.generation = generation
         self._on_link_down = on_link_down
         self._secret = secret
@@ -422,7 +436,7 @@ class Links:
         link = self._links.get(remote_id)
         if link is None:
             link = self._links[remote_id] = Link(
-                remote_id, self._codec, self._deliver, self._on_link_down
+                remote_id, self._codec, self._deliver, self._on_link_down, self._clock
             )
         return link
 
@@ -450,7 +464,7 @@ class Links:
                 log.info("Cannot link to %s at %s: %s", remote_id, address, error or type(error))
             woken = self._backing_off[remote_id] = trio.Event()
             try:
-                with trio.move_on_after(backoff * self._rng.uniform(0.5, 1.0)):
+                with self._clock.move_on_after(backoff * self._rng.uniform(0.5, 1.0)):
                     await woken.wait()
             finally:
                 if self._backing_off.get(remote_id) is woken:
@@ -493,7 +507,7 @@ class Links:
                 link = self.link(remote.node_id)
                 if first_message is not None:
                     link.send(first_message)
-                with trio.move_on_after(hold):
+                with self._clock.move_on_after(hold):
                     await link.carry(conn, remote.generation, self.dials(remote.node_id))
                 connection.cancel_scope.cancel()
                 return remote.node_id
@@ -505,7 +519,13 @@ class Links:
         """Serve a connection another node dialed, for as long as it lasts."""
         try:
             remote = await acceptor_handshake(
-                conn, self._codec, self.node_id, self.generation, self._secret, self._rng
+                conn,
+                self._codec,
+                self.node_id,
+                self.generation,
+                self._secret,
+                self._rng,
+                self._clock,
             )
         except (LinkRefused, trio.TooSlowError, ConnectionClosed) as error:
             log.warning("Refused a node link: %s", error)
@@ -515,29 +535,35 @@ class Links:
 
     async def _dialer_handshake(self, conn: MessageConnection) -> Linked:
         return await dialer_handshake(
-            conn, self._codec, self.node_id, self.generation, self._secret
+            conn, self._codec, self.node_id, self.generation, self._secret, self._clock
         )
 
     async def flush(self, timeout: float) -> None:
         """Wait until every connected link has sent what it has queued, at most `timeout`."""
         links = self._links.values()
-        await _until(lambda: not any(link.connected and not link.idle for link in links), timeout)
+        await _until(
+            lambda: not any(link.connected and not link.idle for link in links),
+            timeout,
+            self._clock,
+        )
 
     async def acknowledged(self, remote_ids: list[str], timeout: float) -> bool:
         """Wait until `remote_ids` acknowledged every message sent them, at most `timeout`;
         whether they all did."""
         links = [self.link(remote_id) for remote_id in remote_ids]
-        return await _until(lambda: not any(link.unacknowledged for link in links), timeout)
+        return await _until(
+            lambda: not any(link.unacknowledged for link in links), timeout, self._clock
+        )
 
     def status(self) -> dict[str, bool]:
         """Which links are connected now, by remote node id."""
         return {remote_id: link.connected for remote_id, link in sorted(self._links.items())}
 
 
-async def _until(condition: Callable[[], bool], timeout: float) -> bool:
+async def _until(condition: Callable[[], bool], timeout: float, clock: Clock) -> bool:
     """Poll `condition` until it holds, at most `timeout`; whether it did."""
-    with trio.move_on_after(timeout):
+    with clock.move_on_after(timeout):
         while not condition():
-            await trio.sleep(0.005)
+            await clock.sleep(0.005)
         return True
     return False

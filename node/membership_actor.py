@@ -17,6 +17,7 @@ import trio
 from sluicegate.cluster.membership import Gossip, MemberDown, Membership, MemberUp
 from sluicegate.cluster.ring import Ring
 
+from .clock import TRIO_CLOCK, Clock
 from .links import Links
 
 log = logging.getLogger("sluicegate.membership")
@@ -35,11 +36,11 @@ class MembershipActor:
         *,
         interval: float,
         rng: random.Random,
-        clock: Callable[[], float] = trio.current_time,
+        clock: Clock = TRIO_CLOCK,
         on_member_down: Callable[[str], None] = lambda node_id: None,
     ) -> None:
         """`on_member_down(node_id)` is called whenever a member is counted down (silent or
-        gone)."""
+        gone); `clock` is the node's, which times the gossip ticks and stamps what is heard."""
         self._membership = membership
         self._links = links
         self._interval = interval
@@ -84,7 +85,7 @@ class MembershipActor:
 
     def heard_of_majority(self, within: float) -> bool:
         """Has this node heard of most members (itself included) in the last `within` seconds?"""
-        return self._membership.heard_of_majority(self._clock(), within)
+        return self._membership.heard_of_majority(self._clock.now(), within)
 
     def left_members(self) -> set[str]:
         """Members that left gracefully: they replicated everything before they said goodbye."""
@@ -101,7 +102,7 @@ class MembershipActor:
 
     def gossip_lag(self) -> dict[str, float]:
         """Seconds since each other live member's entry last advanced (a fresh heartbeat)."""
-        now = self._clock()
+        now = self._clock.now()
         lags = {}
         for node_id in self.live_members():
             advanced = self._membership.last_advanced(node_id)
@@ -119,11 +120,11 @@ class MembershipActor:
             task_status.started()
             while True:
                 self._tick()
-                await trio.sleep(self._interval)
+                await self._clock.sleep(self._interval)
 
     def receive(self, gossip: Gossip) -> None:
         """Gossip that arrived over a link."""
-        self._membership.receive(gossip, self._clock())
+        self._membership.receive(gossip, self._clock.now())
         self._apply_events()
 
     async def leave(self) -> None:
@@ -138,7 +139,7 @@ class MembershipActor:
     # -- internals ---------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        targets = self._membership.tick(self._clock(), self._rng)
+        targets = self._membership.tick(self._clock.now(), self._rng)
         self._apply_events()
         linked = self._links.status()
         node_at = {address: node_id for node_id, address in self._known_addresses().items()}

@@ -43,7 +43,7 @@ from sluicegate.cluster.ring import rate_key
 from sluicegate.cluster.shard import SlotChange, SlotGained, SlotLost
 from sluicegate.cluster.slots import NO_BALLOT, slot_of
 
-from .clock import Clock
+from .clock import TRIO_CLOCK, Clock
 from .links import Links
 from .membership_actor import MembershipActor
 from .rpc import Rpc, Unavailable
@@ -72,14 +72,17 @@ class RateLimitService:
         *,
         gossip_interval: float = 0.05,
         clock: Callable[[], float] = time.time,
+        node_clock: Clock = TRIO_CLOCK,
     ) -> None:
+        """`clock`: the wall clock rate-limit windows are aligned to; `node_clock`: the node's
+        own, for leases, waits and retries."""
         self.core = core
         self._clock = clock
+        self._node_clock = node_clock
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
         self._ownership: Ownership | None = None
-        self._node_clock: Clock | None = None
         self._membership: MembershipActor | None = None
         self._rpc: Rpc | None = None
         self._links: Links | None = None
@@ -94,12 +97,11 @@ class RateLimitService:
         membership: MembershipActor,
         rpc: Rpc,
         links: Links,
-        node_clock: Clock,
     ) -> None:
         """From now on, exact-mode keys are decided by the node that acts for their slot, and
         gossip is shared."""
         self._ownership, self._membership = ownership, membership
-        self._rpc, self._links, self._node_clock = rpc, links, node_clock
+        self._rpc, self._links = rpc, links
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -121,7 +123,7 @@ class RateLimitService:
             repeated = self.core.repeat(limiter, key, retry_id)
             if repeated is not None:
                 return repeated
-            retry_after = max(SOON, self._queues[limiter, key][0].retry_at - trio.current_time())
+            retry_after = max(SOON, self._queues[limiter, key][0].retry_at - self._node_clock.now())
             return self.core.refuse_behind_waiters(limiter, n, retry_after)
         return self.core.check(limiter, key, n, self._clock(), retry_id=retry_id)
 
@@ -188,13 +190,14 @@ class RateLimitService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Forget idle keys now and then; in a cluster, share this node's "go" events."""
         task_status.started()
-        next_eviction = trio.current_time() + EVICT_INTERVAL
+        clock = self._node_clock
+        next_eviction = clock.now() + EVICT_INTERVAL
         while True:
-            await trio.sleep(self._gossip_interval)
+            await clock.sleep(self._gossip_interval)
             self._share_events()
-            if trio.current_time() >= next_eviction:
+            if clock.now() >= next_eviction:
                 self.core.evict(self._clock())
-                next_eviction = trio.current_time() + EVICT_INTERVAL
+                next_eviction = clock.now() + EVICT_INTERVAL
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -236,7 +239,7 @@ class RateLimitService:
         self.waiting[op.limiter] += 1
         decision = Decision(False, 0, SOON)
         try:
-            with trio.move_on_after(op.timeout):
+            with self._node_clock.move_on_after(op.timeout):
                 while True:
                     if queue[0] is not me:
                         me.turn = trio.Event()
@@ -249,8 +252,8 @@ class RateLimitService:
                     decision = self._try(op)
                     if decision.go:
                         break
-                    me.retry_at = trio.current_time() + decision.retry_after
-                    await trio.sleep(decision.retry_after)
+                    me.retry_at = self._node_clock.now() + decision.retry_after
+                    await self._node_clock.sleep(decision.retry_after)
         finally:
             queue.remove(me)
             self.waiting[op.limiter] -= 1

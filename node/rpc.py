@@ -24,6 +24,7 @@ from sluicegate.cluster.semaphore_ops import (
     Operation,
 )
 
+from .clock import TRIO_CLOCK, Clock
 from .links import Links
 
 log = logging.getLogger("sluicegate.rpc")
@@ -82,8 +83,10 @@ class _Slot:
 
 
 class Rpc:
-    def __init__(self, links: Links) -> None:
+    def __init__(self, links: Links, clock: Clock = TRIO_CLOCK) -> None:
+        """`clock` times the calls' timeouts, in the node's time."""
         self._links = links
+        self._clock = clock
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Slot] = {}
 
@@ -95,7 +98,7 @@ class Rpc:
         slot = self._waiting[call_id] = _Slot(node_id)
         try:
             self._links.send(node_id, Call(call_id, op))
-            with trio.move_on_after(timeout):
+            with self._clock.move_on_after(timeout):
                 await slot.done.wait()
         finally:
             del self._waiting[call_id]

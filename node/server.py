@@ -173,8 +173,9 @@ async def join_cluster(
         rng,
         generation,
         on_link_down=lambda remote_id: rpc.link_down(remote_id),
+        clock=clock,
     )
-    rpc = Rpc(links)
+    rpc = Rpc(links, clock=clock)
     membership = Membership(
         node_id,
         address,
@@ -187,6 +188,7 @@ async def join_cluster(
         links,
         interval=cluster.gossip_interval,
         rng=rng,
+        clock=clock,
         # Calls forwarded to a member counted down fail at once: its slots move on.
         on_member_down=rpc.link_down,
     )
@@ -210,7 +212,7 @@ async def join_cluster(
     semaphores = ClusterSemaphores(shard_actor, membership_actor, rpc, clock=clock)
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id
-    rate_limits.join_cluster(ownership, membership_actor, rpc, links, clock)
+    rate_limits.join_cluster(ownership, membership_actor, rpc, links)
     app.join_cluster(semaphores, links)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:

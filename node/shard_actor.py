@@ -83,7 +83,7 @@ class ShardActor:
         self.shard.receive(sender, message, self._clock.now())
         self._unflushed = True
         if self._sleep is not None:
-            self._sleep.deadline = -math.inf
+            self._clock.reschedule(self._sleep, -math.inf)
 
     def members_changed(self, live: Mapping[str, int], voters: Iterable[str]) -> None:
         """The live members (id -> life) or the voters (members not gone for good) changed."""
@@ -99,7 +99,7 @@ class ShardActor:
         """Hand every slot on before this node says goodbye; at most `timeout`."""
         self.shard.leave(self._clock.now())
         self._after()
-        with trio.move_on_after(timeout):
+        with self._clock.move_on_after(timeout):
             while self.shard.ownership.acting_slots(self._clock.now()):
                 await self._clock.sleep(0.005)
 
@@ -110,10 +110,9 @@ class ShardActor:
         clock = self._clock
         while True:
             deadline = -math.inf if self._unflushed else self.shard.next_deadline()
-            with trio.CancelScope(deadline=_trio_deadline(clock, deadline)) as self._sleep:
+            with clock.move_on_at(deadline) as self._sleep:
                 await trio.sleep_forever()
             self._sleep = None
-            await clock.sleep(0)  # a frozen node's task waits here until it thaws
             now = clock.now()
             if now >= self.shard.next_deadline():
                 self.shard.tick(now)
@@ -137,10 +136,6 @@ class ShardActor:
             self._on_slot_changes(changes)
         sleep = self._sleep
         if sleep is not None and not self._unflushed:
-            deadline = _trio_deadline(self._clock, shard.next_deadline())
-            if deadline != sleep.deadline:
-                sleep.deadline = deadline
-
-
-def _trio_deadline(clock: Clock, deadline: float) -> float:
-    return math.inf if deadline == math.inf else clock.trio_deadline(deadline)
+            deadline = shard.next_deadline()
+            if deadline != self._clock.deadline_of(sleep):
+                self._clock.reschedule(sleep, deadline)

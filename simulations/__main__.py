@@ -4,6 +4,11 @@ python -m simulations run --seeds-from simulations/regressions.txt
                                                    the seeds a file lists (one per line)
 python -m simulations run --seed 7 --trace --logs  ... with the nodes' logs and the messages
                                                    each node received on its links
+python -m simulations run --seeds 200 --with skew,freeze --availability
+                                                   the extra fault kinds too, and how long
+                                                   semaphores went unserved after each fault
+python -m simulations deep                         3,000 seeds of three nodes and 1,000 of
+                                                   five from a random first seed (printed)
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 
@@ -14,6 +19,7 @@ on hash order (tests/test_simulations.py replays seeds under other hash seeds th
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import signal
@@ -27,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simulations.chaos import ChaosRun  # noqa: E402
+from simulations.faults import EXTRA_FAULTS  # noqa: E402
 from simulations.planted import PLANTED  # noqa: E402
 from simulations.run import (  # noqa: E402
     NODES,
@@ -61,6 +68,28 @@ def main() -> int:
     run.add_argument(
         "--plant", choices=sorted(PLANTED), help="run with this bug planted (checkers' teeth)"
     )
+    _add_sweep_options(run)
+    deep = commands.add_parser(
+        "deep",
+        help="a long sweep: 3,000 seeds of three nodes, 1,000 of five, from a random first seed",
+        description=(
+            "Sweep --three seeds with three nodes and --five with five, from --first (without "
+            "it, a random first seed, printed before anything runs so that the sweep can be "
+            "run again), with the availability probe. Prints each sweep's progress line and "
+            "summary, and how to replay every seed that failed; exit status 1 if any did."
+        ),
+    )
+    deep.add_argument("--three", type=int, default=3000, help="seeds with three nodes")
+    deep.add_argument("--five", type=int, default=1000, help="seeds with five nodes")
+    deep.add_argument("--first", type=int, help="the first seed (default: random, printed)")
+    deep.add_argument("--jobs", type=int, default=2, help="processes running seeds at once")
+    deep.add_argument(
+        "--no-availability",
+        dest="availability",
+        action="store_false",
+        help="without the availability probe (a quarter faster; other histories)",
+    )
+    _add_sweep_options(deep, availability=False)
     chaos = commands.add_parser(
         "chaos",
         help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
@@ -84,6 +113,8 @@ def main() -> int:
     if args.command == "chaos":
         return run_chaos_command(args.duration, args.seed, args.keep_logs)
     quiet_node_logs()
+    if args.command == "deep":
+        return run_deep(args.first, args.three, args.five, args.jobs, args.extra, args.availability)
     if args.logs:
         if args.jobs > 1:
             parser.error("--logs runs in this process only: --jobs 1")
@@ -99,17 +130,86 @@ def main() -> int:
         seeds = read_seeds(args.seeds_from)
     else:
         seeds = range(args.first, args.first + args.seeds)
+    failures = sweep(
+        seeds,
+        args.jobs,
+        args.nodes,
+        extra=args.extra,
+        availability=args.availability,
+        trace=args.trace,
+        hashes=args.hashes,
+        until_caught=args.until_caught,
+        plant=args.plant,
+    )
+    return 1 if failures else 0
+
+
+def _add_sweep_options(parser: argparse.ArgumentParser, availability: bool = True) -> None:
+    parser.add_argument(
+        "--with",
+        dest="extra",
+        type=_extra_kinds,
+        default=(),
+        metavar="KINDS",
+        help=f"fault kinds to add to the seeds' choice, comma-separated: {', '.join(EXTRA_FAULTS)}"
+        " (each seed enables each with probability 1/2)",
+    )
+    if availability:
+        parser.add_argument(
+            "--availability",
+            action="store_true",
+            help="probe the nodes every 0.1 s and report, by fault kind, how long some "
+            "semaphore went unserved (the probe's traffic gives each seed another history)",
+        )
+
+
+def _extra_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in EXTRA_FAULTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown kind {', '.join(unknown)} (choose from {', '.join(EXTRA_FAULTS)})"
+        )
+    return kinds
+
+
+def replay_command(seed: int, nodes: int, extra: Sequence[str], availability: bool) -> str:
+    """The command that runs `seed` again as a sweep with these options ran it."""
+    options = f" --nodes {nodes}" if nodes != NODES else ""
+    options += f" --with {','.join(extra)}" if extra else ""
+    options += " --availability" if availability else ""
+    return f"python -m simulations run --seed {seed}{options} --trace"
+
+
+def sweep(
+    seeds: Sequence[int],
+    jobs: int,
+    nodes: int,
+    *,
+    extra: tuple[str, ...] = (),
+    availability: bool = False,
+    trace: bool = False,
+    hashes: bool = False,
+    until_caught: bool = False,
+    plant: str | None = None,
+) -> list[int]:
+    """Run `seeds`, with a progress line, then print the summary; the seeds that failed."""
     outcomes: list[Outcome] = []
     faults: Counter = Counter()
     figures: Counter = Counter()
     checkers: Counter = Counter()
+    # Fault kind -> (seconds some semaphore went unserved, seconds until all were served again
+    # for good) of each fault, with the availability probe.
+    unserved: dict[str, list[tuple[float, float]]] = {}
     started = time.monotonic()
-    for number, outcome in enumerate(_run_all(seeds, args.jobs, args.nodes), 1):
+    for number, outcome in enumerate(_run_all(seeds, jobs, nodes, extra, availability), 1):
         outcomes.append(outcome)
         faults.update(outcome.faults)
         figures.update(outcome.figures)
         checkers.update(v.split("]", 1)[0].lstrip("[") for v in outcome.violations)
-        if args.trace:
+        for kind, missed, back in outcome.availability:
+            unserved.setdefault(kind, []).append((missed, back))
+        if trace:
             print("\n".join(outcome.trace))
         failed = sum(1 for o in outcomes if o.violations)
         print(
@@ -118,18 +218,18 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
-        if args.until_caught and outcome.violations:
+        if until_caught and outcome.violations:
             break
     print(file=sys.stderr)
     elapsed = time.monotonic() - started
     outcomes.sort(key=lambda o: o.seed)
-    if args.hashes:
+    if hashes:
         for outcome in outcomes:
             print(f"seed {outcome.seed} hash {outcome.trace_hash}")
     failures = [o for o in outcomes if o.violations]
     print(f"runs        {len(outcomes)} ({len(outcomes) / elapsed * 60:.0f} per minute)")
-    if args.plant:
-        print(f"planted     {args.plant}")
+    if plant:
+        print(f"planted     {plant}")
     print(f"operations  {sum(o.operations for o in outcomes)}")
     print(
         "faults      "
@@ -140,15 +240,71 @@ def main() -> int:
     if checkers:
         tally = ", ".join(f"{name} {count}" for name, count in sorted(checkers.items()))
         print(f"by checker  {tally}")
+    if availability:
+        print_availability(unserved)
     for outcome in failures:
         print(f"\nseed {outcome.seed} (trace {outcome.trace_hash}):")
         for violation in outcome.violations[:5]:
             print(f"  {violation}")
-        nodes = f" --nodes {args.nodes}" if args.nodes != NODES else ""
-        print(f"  replay: python -m simulations run --seed {outcome.seed}{nodes} --trace")
+        print(f"  replay: {replay_command(outcome.seed, nodes, extra, availability)}")
     if len(outcomes) == 1:
         print(f"trace hash  {outcomes[0].trace_hash}")
-    return 1 if failures else 0
+    return [outcome.seed for outcome in failures]
+
+
+def print_availability(unserved: dict[str, list[tuple[float, float]]]) -> None:
+    """Percentiles, by fault kind, of how long some semaphore went unserved after each fault
+    began (summed over the fault's time), and of how long until all were served for good."""
+    print(
+        "unavailable seconds after each fault began, some semaphore unserved (summed) | "
+        "until all served again for good"
+    )
+    columns = "".join(f"{name:>7}" for name in ("p50", "p90", "p99", "max"))
+    print(f"  {'kind':<11} {'faults':>6} {columns} |{columns}")
+    for kind, figures in sorted(unserved.items()):
+        missed = sorted(figure[0] for figure in figures)
+        back = sorted(figure[1] for figure in figures)
+        print(f"  {kind:<11} {len(figures):>6} {_percentiles(missed)} |{_percentiles(back)}")
+
+
+def _percentiles(values: list[float]) -> str:
+    """p50, p90, p99 and max of sorted `values` (nearest rank)."""
+    picked = [values[max(0, math.ceil(p / 100 * len(values)) - 1)] for p in (50, 90, 99)]
+    return "".join(f"{value:7.1f}" for value in [*picked, values[-1]])
+
+
+def run_deep(
+    first: int | None,
+    three: int,
+    five: int,
+    jobs: int,
+    extra: tuple[str, ...],
+    availability: bool = True,
+) -> int:
+    """`three` seeds with three nodes and `five` with five, from `first` (random if None)."""
+    if first is None:
+        first = random.SystemRandom().randrange(10**7, 10**9)
+    options = f" --with {','.join(extra)}" if extra else ""
+    options += "" if availability else " --no-availability"
+    print(
+        f"deep: seeds {first} to {first + three - 1} with three nodes, {first} to "
+        f"{first + five - 1} with five{options}\n"
+        f"      again: python -m simulations deep --first {first} --three {three} "
+        f"--five {five}{options}",
+        flush=True,
+    )
+    failed: list[str] = []
+    for nodes, count in ((3, three), (5, five)):
+        if count <= 0:
+            continue
+        print(f"\n{nodes} nodes, {count} seeds from {first}", flush=True)
+        seeds = range(first, first + count)
+        for seed in sweep(seeds, jobs, nodes, extra=extra, availability=availability):
+            failed.append(replay_command(seed, nodes, extra, availability))
+    print(f"\ndeep: {len(failed)} of {max(three, 0) + max(five, 0)} seeds failed")
+    for command in failed:
+        print(f"  {command}")
+    return 1 if failed else 0
 
 
 def run_chaos_command(duration: float, seed: int | None, keep_logs: bool) -> int:
@@ -196,16 +352,19 @@ def _progress_line(line: str) -> None:
     print(f"\r  {line}", end="", file=sys.stderr, flush=True)
 
 
-def _run_all(seeds: Sequence[int], jobs: int, nodes: int) -> Iterator[Outcome]:
+def _run_all(
+    seeds: Sequence[int], jobs: int, nodes: int, extra: tuple[str, ...], availability: bool
+) -> Iterator[Outcome]:
     """Outcomes as runs end: here, or in `jobs` processes (each seed is a process's whole
     trio run, so processes share nothing)."""
     if jobs <= 1:
-        yield from (run_seed(seed, nodes) for seed in seeds)
+        yield from (run_seed(seed, nodes, extra, availability) for seed in seeds)
         return
     with ProcessPoolExecutor(
         jobs, mp_context=get_context("spawn"), initializer=quiet_node_logs
     ) as pool:
-        for done in as_completed([pool.submit(run_seed, seed, nodes) for seed in seeds]):
+        runs = [pool.submit(run_seed, seed, nodes, extra, availability) for seed in seeds]
+        for done in as_completed(runs):
             yield done.result()
 
 

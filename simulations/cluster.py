@@ -3,10 +3,11 @@ and `/cluster` routes), over the simulated network, under the virtual clock.
 
 What differs from a node process is only what the seams inject: links are dialled over
 `SimNetwork`, randomness comes from the run's seed, a life's generation and the fencing epoch
-count virtual time. There is no HTTP (clients speak `/ws`). A crash drops the node's object and
-severs its connections; a restart is a new object with empty memory, as a process would be. A
-graceful leave does what SIGTERM does (`node/server.py`): stream the last changes, say goodbye,
-stop.
+count virtual time, and the node's clock is a `SimClock` of its own (simulations/clocks.py: one
+that may run fast or slow, and that a freeze stops). There is no HTTP (clients speak `/ws`). A
+crash drops the node's object and severs its connections; a restart is a new object with empty
+memory, as a process would be. A graceful leave does what SIGTERM does (`node/server.py`):
+stream the last changes, say goodbye, stop.
 
 A node task that raises is not the end of the run: the node is down from then on, as a process
 that died of it would be, and `on_failure` hears of it (a violation of its own).
@@ -46,6 +47,7 @@ from sluicegate.node.semaphore_service import LocalSemaphores
 from sluicegate.node.server import HAND_ON_TIMEOUT, join_cluster
 from sluicegate.node.wire import MAX_FRAME
 
+from .clocks import SimClock
 from .network import SimNetwork
 
 log = logging.getLogger("sluicegate.simulated_link")
@@ -97,8 +99,10 @@ class SimNode:
         generation: int,
         join: tuple[str, ...],
         on_failure: Callable[[str, str], None],
+        clock: SimClock | None = None,
     ) -> None:
         self.node_id = node_id
+        self.clock = clock or SimClock()
         self.address = f"{node_id}:{PORT}"
         self.config = replace(
             config,
@@ -137,6 +141,7 @@ class SimNode:
             RateLimits(self.config.rate_limits, self.node_id, rng),
             gossip_interval=self.config.cluster.rate_gossip_interval,
             clock=trio.current_time,
+            node_clock=self.clock,
         )
         self.app = NodeApp(LocalSemaphores(actor), self.rate_limits, node_id=self.node_id)
         async with trio.open_nursery() as nursery:
@@ -158,6 +163,7 @@ class SimNode:
                     rng=rng,
                     generation=self.generation,
                     epoch=virtual_epoch,
+                    clock=self.clock,
                     task_status=task_status,
                 )
             )
@@ -218,7 +224,7 @@ class SimNode:
             self._scope.cancel()
 
     async def _dial(self, nursery: trio.Nursery, address: str):
-        with trio.fail_after(HANDSHAKE_TIMEOUT):
+        with self.clock.fail_after(HANDSHAKE_TIMEOUT):
             stream = await self._network.connect(self.node_id, address)
             connection = await wrap_client_stream(
                 nursery, stream, address, "/cluster", max_message_size=MAX_FRAME

@@ -16,10 +16,22 @@ whole again (every node serving, every node agreeing on the members) before the 
 * `pause`: a node's traffic, in and out, waits longer than a peer's expiry, then flows again in
   order: to the others and to its clients the node has stopped, as under SIGSTOP. (Its own
   timers run meanwhile, so it notices the silence as a cut-off node does; the moment after a
-  real SIGSTOP, when a node answers from its old state before its timers have run, is not
-  modelled: docs/cluster.md names it among what partitions may still do.)
+  real SIGSTOP, when a node wakes with its old state before its timers have run, is `freeze`'s,
+  below.)
 * `duplicate`: requests are delivered twice: clients' request frames, and, on node links, the
   messages between homes and owners and rate-limit gossip.
+
+Two more kinds come only on request (`run --with skew,freeze`; `EXTRA_FAULTS`), each enabled
+per seed as the others are, drawn from a random source of their own so that the seed's other
+choices stay the same:
+
+* `skew`: one node's clock (simulations/clocks.py) runs 1% fast or 1% slow, in every life of
+  the node, for the whole run (set up before the nodes boot; not one of the faults in turn).
+* `freeze`: a node stops as under SIGSTOP, in the middle of writing to one of its connections:
+  that write's first part arrives, the rest waits (`SimNetwork.freeze_mid_write`); its traffic
+  is held both ways, its tasks that write or read wait, and its clock fires no timer until the
+  thaw, when the overdue ones fire at once. Half the freezes are short (0.2 to 1 s), half
+  longer than a peer's expiry, as pauses are.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from .availability import PLACE as PROBE
 from .history import History
 
 FAULTS = (
@@ -43,8 +56,26 @@ FAULTS = (
     "leave",
     "duplicate",
 )
+# Kinds a run adds only on request (`run --with`): every seed's history would change if they
+# were drawn by default.
+EXTRA_FAULTS = ("skew", "freeze")
+# How fast or slow a skewed node's clock runs.
+SKEW = 0.01
+# A freeze waits this long for the victim's next write to start in; then it starts anyway.
+FREEZE_ARMED_FOR = 0.5
 # A cluster not whole again this long after a fault healed is a failure of its own.
 RECOVERY_LIMIT = 20.0
+
+
+def extra_faults(seed: int, wanted: tuple[str, ...], nodes: list[str]) -> tuple[list[str], dict]:
+    """Which of the `wanted` extra kinds `seed` enables (each with probability 1/2), and the
+    clock rate of each node (the skewed one's differs), from a random source of their own."""
+    rng = random.Random(f"extra faults {seed}")
+    enabled = [kind for kind in EXTRA_FAULTS if kind in wanted and rng.random() < 0.5]
+    rates = {}
+    if "skew" in enabled:
+        rates[rng.choice(nodes)] = rng.choice((1 + SKEW, 1 - SKEW))
+    return enabled, rates
 
 
 class Injector:
@@ -92,6 +123,11 @@ class Injector:
             lasting = rng.uniform(0.5, 6.0)
             if kind == "pause":
                 lasting = rng.uniform(self.expires_in + 0.5, 1.6 * self.expires_in)
+            elif kind == "freeze":
+                if rng.random() < 0.5:
+                    lasting = rng.uniform(0.2, 1.0)
+                else:
+                    lasting = rng.uniform(self.expires_in + 0.5, 1.6 * self.expires_in)
             self.fired[kind] += 1
             self.history.fault(kind, victim, lasting)
             await getattr(self, "_" + kind)(victim, lasting)
@@ -126,8 +162,9 @@ class Injector:
         return [node_id for node_id in self.cluster.ids if node_id != victim]
 
     def _places(self, victim: str) -> list[str]:
-        """Every place but `victim` that may talk to it: the other nodes and the clients."""
-        return self._others(victim) + self.clients + ["probe"]
+        """Every place but `victim` that may talk to it: the other nodes and the clients (the
+        workload's, the one that probes the cluster at the end, and the availability probe)."""
+        return self._others(victim) + self.clients + ["probe", PROBE]
 
     async def _crash(self, victim: str, lasting: float) -> None:
         self.cluster.nodes[victim].crash()
@@ -207,6 +244,24 @@ class Injector:
         self.network.pause(victim)
         await self._wait(lasting)
         self.network.resume(victim)
+
+    async def _freeze(self, victim: str, lasting: float) -> None:
+        clock = self.cluster.nodes[victim].clock
+        frozen = trio.Event()
+
+        def stopped(detail: str) -> None:
+            clock.freeze()
+            self.history.note(f"{victim} frozen {detail}")
+            frozen.set()
+
+        self.network.freeze_mid_write(victim, random.Random(self.rng.getrandbits(64)), stopped)
+        with trio.move_on_after(FREEZE_ARMED_FOR):
+            await frozen.wait()
+        self.network.freeze(victim, stopped)  # no write came: frozen between two
+        await self._wait(lasting)
+        # The clock first: its overdue timers fire as the held bytes arrive.
+        clock.thaw()
+        self.network.thaw(victim)
 
     async def _duplicate(self, victim: str, lasting: float) -> None:
         self.network.duplicating = True

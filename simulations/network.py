@@ -12,6 +12,9 @@ simulations inject act here:
 * held traffic (`hold`, `pause`): bytes between two places, or to and from one place, wait until
   released, then arrive in order, as over a TCP connection that stalled; the connections stay up
   and new ones can be made (their handshakes wait too);
+* a frozen place (`freeze`, as under SIGSTOP): its traffic is held both ways as in a pause, and
+  its own tasks that write or read a stream wait until `thaw`; `freeze_mid_write` freezes it in
+  the middle of its next write, whose first part is delivered and the rest held;
 * repeated requests (`duplicating`): the ends that speak messages (clients' WebSockets, node
   links) look at this flag and send some of their messages twice (`cluster.py`, `run.py`).
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from collections.abc import Callable
 
@@ -47,12 +51,21 @@ class _Pipe:
         self.source = source
         self.target = target
         self.send = trio.testing.MemorySendStream(self._sent, None, self._closed)
-        self.receive = trio.testing.MemoryReceiveStream()
+        self.receive = trio.testing.MemoryReceiveStream(self._receiving)
         # Bytes on their way, in order: [due, data] (b"" is the end of the stream).
         self.queue: deque[list] = deque()
 
     async def _sent(self) -> None:
-        self.network._carry(self)
+        network = self.network
+        network._carry(self)
+        if network._frozen and self.source in network._frozen:
+            # The writer is a task of a frozen place: it stops here, mid-write, until the thaw.
+            await network._frozen[self.source].wait()
+
+    async def _receiving(self) -> None:
+        network = self.network
+        if network._frozen and self.target in network._frozen:
+            await network._frozen[self.target].wait()
 
     def _closed(self) -> None:
         try:
@@ -94,6 +107,10 @@ class SimNetwork:
         self._delay: dict[tuple[str, str], float] = {}
         self._held: set[tuple[str, str]] = set()
         self._paused: set[str] = set()
+        # Frozen places, each with the event its thaw sets; places to freeze at their next
+        # write: place -> (random source for where the write splits, what to call then).
+        self._frozen: dict[str, trio.Event] = {}
+        self._arming: dict[str, tuple[random.Random, Callable[[str], None]]] = {}
         # Pipes with bytes due: (due, sequence, pipe), the earliest first.
         self._due: list[tuple[float, int, _Pipe]] = []
         self._sequence = 0
@@ -157,6 +174,33 @@ class SimNetwork:
         self._paused.discard(place)
         self._reschedule(lambda pipe: place in (pipe.source, pipe.target))
 
+    def freeze(self, place: str, on_frozen: Callable[[str], None] = lambda detail: None) -> None:
+        """`place` stops, as under SIGSTOP: every byte to and from it waits until `thaw`, and
+        its tasks that write or read wait too. `on_frozen(detail)` is called at once."""
+        self._arming.pop(place, None)
+        if place not in self._frozen:
+            self._frozen[place] = trio.Event()
+            on_frozen("between writes")
+
+    def freeze_mid_write(
+        self, place: str, rng: random.Random, on_frozen: Callable[[str], None]
+    ) -> None:
+        """Freeze `place` in the middle of its next write (on any connection): the first part
+        of those bytes (at least one) is delivered, the rest waits for the thaw with everything
+        else, and the writer stops there. `on_frozen(detail)` is called at that moment, before
+        any other task runs; `freeze` does it at once if no write comes first."""
+        self._arming[place] = (rng, on_frozen)
+
+    def thaw(self, place: str) -> None:
+        self._arming.pop(place, None)
+        thawed = self._frozen.pop(place, None)
+        if thawed is not None:
+            thawed.set()
+            self._reschedule(lambda pipe: place in (pipe.source, pipe.target))
+
+    def is_frozen(self, place: str) -> bool:
+        return place in self._frozen
+
     async def connect(self, source: str, address: str) -> trio.abc.Stream:
         """A stream from `source` to whoever listens at `address`, or `ConnectionRefused`."""
         await trio.lowlevel.checkpoint()
@@ -190,6 +234,8 @@ class SimNetwork:
         pair = (pipe.source, pipe.target)
         if pair in self._held or pipe.source in self._paused or pipe.target in self._paused:
             return math.inf
+        if pipe.source in self._frozen or pipe.target in self._frozen:
+            return math.inf
         return self._delay.get(pair, 0.0)
 
     def _carry(self, pipe: _Pipe) -> None:
@@ -198,14 +244,30 @@ class SimNetwork:
             data = pipe.send.get_data_nowait()
         except trio.WouldBlock:
             return
-        if not (self._delay or self._held or self._paused or pipe.queue):
-            try:
-                pipe.deliver(data)
-            except trio.ClosedResourceError:
-                raise trio.BrokenResourceError("the far end is closed") from None
+        if not (self._delay or self._held or self._paused or self._frozen or pipe.queue):
+            if not (self._arming and pipe.source in self._arming):
+                try:
+                    pipe.deliver(data)
+                except trio.ClosedResourceError:
+                    raise trio.BrokenResourceError("the far end is closed") from None
+                return
+        if self._arming and pipe.source in self._arming and data:
+            # Frozen mid-write: the first part goes as it would have, the rest is held.
+            rng, on_frozen = self._arming.pop(pipe.source)
+            cut = rng.randint(1, len(data) - 1) if len(data) > 1 else len(data)
+            if pipe.queue or self._latency(pipe):
+                self._queue(pipe, data[:cut])
+            else:
+                pipe.deliver(data[:cut])
+            self._frozen[pipe.source] = trio.Event()
+            on_frozen(f"mid-write: {cut} of {len(data)} bytes to {pipe.target} went")
+            if cut < len(data):
+                self._queue(pipe, data[cut:])
             return
-        latency = self._latency(pipe)
-        due = trio.current_time() + latency
+        self._queue(pipe, data)
+
+    def _queue(self, pipe: _Pipe, data: bytes | bytearray) -> None:
+        due = trio.current_time() + self._latency(pipe)
         if pipe.queue:
             due = max(due, pipe.queue[-1][0])  # in order, as over one TCP connection
         pipe.queue.append([due, data])

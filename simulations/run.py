@@ -32,9 +32,11 @@ from sluicegate.client.websocket import handshake
 from sluicegate.node.config import NodeConfig, parse_config
 
 from . import workload
+from .availability import Probe
 from .checkers import check_history
+from .clocks import SimClock
 from .cluster import NODE, SimNode, describe, link_messages
-from .faults import FAULTS, RECOVERY_LIMIT, Injector
+from .faults import FAULTS, RECOVERY_LIMIT, Injector, extra_faults
 from .history import History
 from .network import SimNetwork
 from .workload import EXPIRES_IN, FencedResource
@@ -79,6 +81,9 @@ class Outcome:
     trace: list[str] = field(default_factory=list)
     # Counts worth a look over many runs (stale writes rejected, messages repeated, ...).
     figures: Counter = field(default_factory=Counter)
+    # With `availability`: (fault kind, seconds some semaphore was unserved, seconds until all
+    # were served again for good) of every fault (simulations/availability.py).
+    availability: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def read_seeds(path: Path) -> list[int]:
@@ -114,9 +119,13 @@ class Livelock(Exception):
     passes only when every task waits)."""
 
 
-def run_seed(seed: int, nodes: int = NODES) -> Outcome:
+def run_seed(
+    seed: int, nodes: int = NODES, extra: tuple[str, ...] = (), availability: bool = False
+) -> Outcome:
     """Run the simulation of `seed` on a cluster of `nodes` to its end (bounded in virtual
-    time; and in real time, for a livelock would never end: then the outcome says so)."""
+    time; and in real time, for a livelock would never end: then the outcome says so).
+    `extra`: fault kinds of `EXTRA_FAULTS` the seed may enable too (simulations/faults.py);
+    `availability`: measure it with a probe client (simulations/availability.py)."""
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
@@ -127,7 +136,7 @@ def run_seed(seed: int, nodes: int = NODES) -> Outcome:
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER)
     try:
-        return trio.run(_simulate, seed, nodes, clock=clock)
+        return trio.run(_simulate, seed, nodes, tuple(extra), availability, clock=clock)
     except BaseException as error:
         if not _livelocked(error):
             raise
@@ -166,8 +175,11 @@ class _Cluster:
         config: NodeConfig,
         history: History,
         nodes: int,
+        rates: dict[str, float] | None = None,
     ) -> None:
+        """`rates`: the clock rate of each node whose clock is skewed (in all its lives)."""
         self.network = network
+        self.rates = rates or {}
         self.rng = rng
         self.config = config
         self.history = history
@@ -186,6 +198,7 @@ class _Cluster:
             generation=self._generations[node_id],
             join=seeds,
             on_failure=self._failed,
+            clock=SimClock(rate=self.rates.get(node_id, 1.0)),
         )
         self.nodes[node_id] = node
         await nursery.start(node.run)
@@ -225,11 +238,15 @@ class _Cluster:
         return "; ".join(views)
 
 
-async def _simulate(seed: int, nodes: int) -> Outcome:
+async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability: bool) -> Outcome:
     rng = random.Random(seed)
     history = _running[0] = History()
     network = SimNetwork()
-    cluster = _Cluster(network, rng, CONFIG, history, nodes)
+    ids = [f"n{i}" for i in range(1, nodes + 1)]
+    extra_kinds, rates = extra_faults(seed, extra, ids)
+    cluster = _Cluster(network, rng, CONFIG, history, nodes, rates)
+    for node_id, rate in rates.items():
+        history.note(f"clock of {node_id} runs at {rate:g} (skew)")
     resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(network.run)
@@ -244,7 +261,8 @@ async def _simulate(seed: int, nodes: int) -> Outcome:
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
         if nodes > 3 and rng.random() < 0.5:
             kinds.append("split")  # with three nodes, a partition of one node is the split
-        history.note("faults enabled: " + (", ".join(kinds) or "none"))
+        history.note("faults enabled: " + (", ".join(kinds + extra_kinds) or "none"))
+        kinds += [kind for kind in extra_kinds if kind != "skew"]  # skew is there all along
         injector = Injector(
             cluster,
             CLIENT_IDS,
@@ -268,6 +286,9 @@ async def _simulate(seed: int, nodes: int) -> Outcome:
                 clients.start_soon(
                     _client, name, network, cluster, history, resource, rng.getrandbits(64)
                 )
+            probe = Probe(network, cluster.ids, list(CONFIG.semaphores)) if availability else None
+            if probe is not None:
+                nursery.start_soon(probe.run)
             nursery.start_soon(inject)
             await trio.sleep(DURATION)
             injector.stop()
@@ -275,6 +296,8 @@ async def _simulate(seed: int, nodes: int) -> Outcome:
                 await faults_over.wait()
             clients.cancel_scope.cancel()
         history.note("clients gone")
+        if probe is not None:
+            await probe.stop()
         if cluster.whole():
             await _settles(cluster, network, history, rng.getrandbits(64))
         elif not any(event.kind == "stuck" for event in history.events):
@@ -296,10 +319,11 @@ async def _simulate(seed: int, nodes: int) -> Outcome:
         seed=seed,
         trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
         operations=history.operations,
-        faults=injector.fired,
+        faults=injector.fired + Counter({"skew": len(rates)}),
         violations=violations,
         trace=trace,
         figures=figures,
+        availability=probe.by_fault(history.events) if probe is not None else [],
     )
 
 
