@@ -193,9 +193,7 @@ class Session:
 
     # The two requests of every lock, built directly (the hot path).
 
-    def acquire(
-        self, peer: Peer, semaphore: str, count: int, wait: float | None, seq: int
-    ) -> dict:
+    def acquire(self, peer: Peer, semaphore: str, count: int, wait: float | None, seq: int) -> dict:
         request = {
             "id": next(self._ids),
             "op": "acquire",

@@ -16,7 +16,6 @@ from trio_websocket import wrap_client_stream, wrap_server_stream
 from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import RateChecks, RateHandover, RateState
-from sluicegate.cluster.slots import Ballot
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -24,6 +23,7 @@ from sluicegate.cluster.semaphore_ops import (
     ListPeers,
     Remainder,
 )
+from sluicegate.cluster.slots import Ballot
 from sluicegate.node.link_codec import LINK_CODEC
 from sluicegate.node.links import Links
 from sluicegate.node.rpc import Call, Failure, Reply, Rpc, Unavailable
