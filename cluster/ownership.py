@@ -74,12 +74,13 @@ class Promise:
 @dataclass(frozen=True, slots=True)
 class Refuse:
     """Not `ballot`: the acceptor promised `promised`, or (`lease_left` > 0) leased the slot to
-    another member for that many more seconds."""
+    `lessee` for that many more seconds."""
 
     slot: int
     ballot: Ballot
     promised: Ballot
     lease_left: float
+    lessee: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +350,9 @@ class Ownership:
         self._to_resign: set[int] = set()
         # `next_deadline()`, until something changes it (None: to be computed).
         self._deadline: float | None = None
+        # Slot -> the member an acceptor that refused this node said holds its lease, and until
+        # when (for routing only).
+        self._lessees: dict[int, tuple[str, float]] = {}
         self._rounds: dict[int, _Round] = {}
         self._next_round = 0
         self._renew_at = -math.inf
@@ -390,14 +394,17 @@ class Ownership:
         return self._ring_owners[slot]
 
     def actor_of(self, slot: int, now: float) -> str | None:
-        """Where to send what `slot` needs: this node if it acts for it; else the member this
-        node, as an acceptor, last granted the slot's lease to, while that lease runs; else the
-        member the ring names (it is taking the slot, or will)."""
+        """Where to send what `slot` needs: this node if it acts for it; else the live member
+        this node last heard holds the slot's lease (as its acceptor, or refused for it), while
+        that lease runs; else the member the ring names (it is taking the slot, or will)."""
         if self.acting(slot, now):
             return self.me
         acceptor = self._acceptors[slot]
-        if acceptor.lessee is not None and now < acceptor.lease_until:
+        if acceptor.lessee in self._live and now < acceptor.lease_until:
             return acceptor.lessee
+        lessee, until = self._lessees.get(slot, (None, -math.inf))
+        if lessee in self._live and now < until:
+            return lessee
         return self._ring_owners[slot]
 
     def acting_slots(self, now: float) -> list[int]:
@@ -560,7 +567,7 @@ class Ownership:
         elif acceptor.leased_to_other(ballot.member, now):
             acceptor.wanted.add(ballot.member)
             left = acceptor.lease_until - now
-            self._send(sender, Refuse(slot, ballot, acceptor.promised, left))
+            self._send(sender, Refuse(slot, ballot, acceptor.promised, left, acceptor.lessee))
         else:
             acceptor.lease(ballot, now, self.lease)
             copy = acceptor.copy
@@ -756,6 +763,8 @@ class Ownership:
         slot = answer.slot
         if isinstance(answer, Refuse):
             self._see(slot, answer.promised, now)
+            if answer.lessee:
+                self._lessees[slot] = (answer.lessee, now + answer.lease_left)
         owned = self._owned.get(slot)
         if owned is None or answer.ballot != owned.ballot:
             return

@@ -262,3 +262,20 @@ def test_slots_spread_over_the_members():
     model.run_until(5.0)
     acting = [len(life.core.acting_slots(life.local(model.t))) for life in model.lives.values()]
     assert sum(acting) == SLOTS and min(acting) > SLOTS / 3 * 0.6
+
+
+def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
+    core.outbox()
+    core.receive("n2", Prepare(slot, Ballot(5, 9, "n2")), 0.5)  # n2 holds its lease now
+    assert core.actor_of(slot, 0.6) == "n2"
+    assert core.actor_of(slot, 1.6) == "n3"  # the lease ran out: whom the ring names
+    core.members_changed({"n1": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.7)
+    assert core.actor_of(slot, 0.8) == core.owner_of(slot), "n2 is counted down"
+    # A refusal names the lessee too: a node that was away learns where the slot lives.
+    other = next(s for s in range(SLOTS) if s != slot)
+    core.receive("n3", Refuse(other, Ballot(5, 1, "n1"), Ballot(5, 1, "n1"), 0.5, "n3"), 0.9)
+    assert core.actor_of(other, 1.0) == "n3"
