@@ -23,6 +23,9 @@ class WireError(ValueError):
     """A frame that is not a valid sequence of known messages."""
 
 
+Check = typing.Callable[[object, str], object]
+
+
 class Codec:
     def __init__(self, messages: Mapping[int, type]) -> None:
         self._by_tag: dict[int, type] = dict(messages)
@@ -31,6 +34,15 @@ class Codec:
             raise ValueError("one tag per message class")
         self._fields = {
             cls: [(f.name, typing.get_type_hints(cls)[f.name]) for f in dataclasses.fields(cls)]
+            for cls in self._tags
+        }
+        # Per class, each field's name, where a decoding error is said to be, and its check
+        # (made once from the type hint: decoding runs on every frame of every link).
+        self._checks: dict[type, list[tuple[str, str, Check]]] = {
+            cls: [
+                (name, f"{cls.__name__}.{name}", self._compile(hint))
+                for name, hint in self._fields[cls]
+            ]
             for cls in self._tags
         }
 
@@ -55,7 +67,10 @@ class Codec:
         ]
 
     def _value_to_wire(self, value: object) -> object:
-        if type(value) in self._tags:
+        kind = type(value)
+        if kind is int or kind is str or kind is float or value is None or kind is bool:
+            return value
+        if kind in self._tags:
             return self._to_wire(value)
         if isinstance(value, tuple | list):
             return [self._value_to_wire(v) for v in value]
@@ -84,65 +99,85 @@ class Codec:
             raise WireError(f"{where}: unknown message tag {item[0]}")
         if expected is not None and cls is not expected:
             raise WireError(f"{where}: expected {expected.__name__}, got {cls.__name__}")
-        fields = self._fields[cls]
-        if len(item) - 1 != len(fields):
+        checks = self._checks[cls]
+        if len(item) - 1 != len(checks):
             raise WireError(
-                f"{where}: {cls.__name__} takes {len(fields)} fields, got {len(item) - 1}"
+                f"{where}: {cls.__name__} takes {len(checks)} fields, got {len(item) - 1}"
             )
-        values = {
-            name: self._check(value, hint, f"{cls.__name__}.{name}")
-            for (name, hint), value in zip(fields, item[1:], strict=True)
-        }
-        return cls(**values)
+        return cls(
+            **{
+                name: check(value, field)
+                for (name, field, check), value in zip(checks, item[1:], strict=True)
+            }
+        )
 
-    def _check(self, value: object, hint: object, where: str) -> object:
+    def _compile(self, hint: object) -> Check:
+        """A check of a decoded value against `hint`: the value as the message holds it, or a
+        `WireError` saying where and what is wrong."""
         origin = typing.get_origin(hint)
         if origin in (typing.Union, types.UnionType):
-            for option in typing.get_args(hint):
-                try:
-                    return self._check(value, option, where)
-                except WireError:
-                    continue
-            raise WireError(f"{where}: {type(value).__name__} fits none of {hint}")
-        if hint is type(None):
-            if value is None:
-                return None
-        elif hint is bool:
-            if type(value) is bool:
-                return value
-        elif hint is int:
-            if type(value) is int:
-                return value
-        elif hint is float:
-            if type(value) in (int, float):
-                return float(value)
-        elif hint is str:
-            if type(value) is str:
-                return value
-        elif hint is bytes:
-            if type(value) is bytes:
-                return value
-        elif hint in self._tags:
-            return self._from_wire(value, where, expected=hint)
-        elif origin is list:
-            (element,) = typing.get_args(hint)
-            if isinstance(value, list):
-                return [self._check(v, element, f"{where}[]") for v in value]
-        elif origin is tuple:
-            (element, _ellipsis) = typing.get_args(hint)
-            if isinstance(value, list):
-                return tuple(self._check(v, element, f"{where}[]") for v in value)
-        elif origin in (Mapping, dict):
-            key_hint, value_hint = typing.get_args(hint)
-            if isinstance(value, dict):
+            options = [self._compile(option) for option in typing.get_args(hint)]
+
+            def union(value: object, where: str) -> object:
+                for option in options:
+                    try:
+                        return option(value, where)
+                    except WireError:
+                        continue
+                raise WireError(f"{where}: {type(value).__name__} fits none of {hint}")
+
+            return union
+        if hint in self._tags:
+            return lambda value, where: self._from_wire(value, where, expected=hint)
+        if hint is float:
+
+            def number(value: object, where: str) -> object:
+                if type(value) is float:
+                    return value
+                if type(value) is int:
+                    return float(value)
+                raise _mismatch(hint, value, where)
+
+            return number
+        if hint in (type(None), bool, int, str, bytes):
+            exact = hint
+
+            def scalar(value: object, where: str) -> object:
+                if type(value) is exact:
+                    return value
+                raise _mismatch(hint, value, where)
+
+            return scalar
+        if origin in (list, tuple):
+            element = typing.get_args(hint)[0]
+            check = self._compile(element)
+            build = list if origin is list else tuple
+            plain = element in (int, str, bool)
+
+            def sequence(value: object, where: str) -> object:
+                if not isinstance(value, list):
+                    raise _mismatch(hint, value, where)
+                if plain and all(type(v) is element for v in value):
+                    return value if build is list else tuple(value)
+                inner = f"{where}[]"
+                return build([check(v, inner) for v in value])
+
+            return sequence
+        if origin in (Mapping, dict):
+            key_check, value_check = (self._compile(h) for h in typing.get_args(hint))
+
+            def mapping(value: object, where: str) -> object:
+                if not isinstance(value, dict):
+                    raise _mismatch(hint, value, where)
+                key_where, value_where = f"{where} key", f"{where}[]"
                 return {
-                    self._check(k, key_hint, f"{where} key"): self._check(
-                        v, value_hint, f"{where}[]"
-                    )
-                    for k, v in value.items()
+                    key_check(k, key_where): value_check(v, value_where) for k, v in value.items()
                 }
-        else:
-            raise TypeError(f"{where}: unsupported type hint {hint!r}")
-        raise WireError(
-            f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}"
-        )
+
+            return mapping
+        raise TypeError(f"unsupported type hint {hint!r}")
+
+
+def _mismatch(hint: object, value: object, where: str) -> WireError:
+    name = getattr(hint, "__name__", hint)
+    return WireError(f"{where}: expected {name}, got {type(value).__name__}")
