@@ -24,8 +24,9 @@ resigned to it.
 Writes (`write`) go to every voter; `CommitGate` holds back what depends on them.
 
 **A new life** answers as an acceptor only once it has (a) waited out the leases its previous
-life may have promised and (b) *recovered*: read every slot from a quorum of other voters that
-are ready, keeping the largest copy and promise of each. When a quorum of voters has nothing to
+life may have promised and (b) *recovered*: read every slot from enough other voters that are
+ready to share a member with every quorum its previous life was in (n − q + 1 of the n voters,
+q a quorum), keeping the largest copy and promise of each. When a quorum of voters has nothing to
 read from (a cold start), one of them proposes a new *era* (`ColdStart`); not-ready members
 accept the largest proposal, ready ones refuse it, and a proposal a quorum accepted makes its
 acceptors ready in that era, empty. Decisions about recovery wait `settle` seconds from the
@@ -652,7 +653,9 @@ class Ownership:
             return
         need = self._quorum
         ready = [m for m in others if (r := recovery.replies.get(m)) and r.ready and r.complete]
-        if len(ready) >= need:
+        # Any quorum that held the previous life holds at least `need - 1` of the others, so
+        # this many ready others share a member with it (docs/cluster.md).
+        if ready and len(ready) >= len(self._voters) - need + 1:
             self._adopt_recovery(ready, now)
             return
         if recovery.proposal is not None:

@@ -42,6 +42,7 @@ class Life:
     paused_until: float = -1.0
     heard: dict[str, float] = field(default_factory=dict)  # member -> local time last heard
     view: tuple = ()
+    known: set = field(default_factory=set)
 
     def local(self, t: float) -> float:
         return self.offset + self.rate * t
@@ -69,11 +70,14 @@ class Model:
         skew: float = 0.015,
         rates: dict[str, float] | None = None,
         down_after: float = DOWN_AFTER,
+        start: list[str] | None = None,
     ) -> None:
         """`skew`: each life's clock runs up to that much fast or slow, at random; `rates`: or
         exactly so fast, by node; `down_after`: how long a life's silence takes to be
-        noticed."""
+        noticed; `start`: the nodes that start at once (default: all); then each node's voters
+        are the members it has heard of, as a real node's known members."""
         self.down_after = down_after
+        self.known_voters = start is not None
         self.rng = random.Random(seed)
         self.ids = [f"n{i}" for i in range(1, nodes + 1)]
         self.skew = skew
@@ -95,7 +99,7 @@ class Model:
         self._keys = itertools.count(1)
         self.writes = 0
         self.gains = 0
-        for node in self.ids:
+        for node in self.ids if start is None else start:
             self.start(node)
         self._schedule(0.0, "probe")
 
@@ -238,10 +242,12 @@ class Model:
             if now - heard <= self.down_after:
                 other = self.lives.get(member)
                 live[member] = other.number if other is not None else 0
-        view = tuple(sorted(live))
+        life.known.update(live)
+        voters = sorted(life.known) if self.known_voters else self.ids
+        view = (tuple(sorted(live)), tuple(voters))
         if view != life.view:
             life.view = view
-            life.core.members_changed(live, self.ids, now)
+            life.core.members_changed(live, voters, now)
 
     def _maybe_write(self, life: Life, now: float) -> None:
         acting = life.core.acting_slots(now)
@@ -256,9 +262,6 @@ class Model:
 
     def _after(self, life: Life, now: float) -> None:
         core = life.core
-        for slot, key in core.gate.released():
-            self.committed[slot].add(key)
-        core.gate.failed()
         for event in core.events():
             me = (life.node, life.number)
             if isinstance(event, Gained):
@@ -277,6 +280,9 @@ class Model:
                 term = self._open.pop((event.slot, me), None)
                 if term is not None:
                     term.ended = True
+        for slot, key in core.gate.released():  # after the events: they came first
+            self.committed[slot].add(key)
+        core.gate.failed()
         for member, message in core.outbox():
             self._transmit(life, member, message)
 

@@ -279,3 +279,19 @@ def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
     other = next(s for s in range(SLOTS) if s != slot)
     core.receive("n3", Refuse(other, Ballot(5, 1, "n1"), Ballot(5, 1, "n1"), 0.5, "n3"), 0.9)
     assert core.actor_of(other, 1.0) == "n3"
+
+
+def test_a_cluster_grows_from_one_member_one_at_a_time():
+    model = Model(10, start=["n1"])
+    model.run_until(4.0)
+    n1 = model.lives["n1"]
+    assert n1.core.ready and len(n1.core.acting_slots(n1.local(model.t))) == SLOTS
+    model.start("n2")
+    model.run_until(9.0)
+    model.start("n3")
+    model.run_until(15.0)
+    assert all(life.core.ready for life in model.lives.values())
+    assert len({life.core.era for life in model.lives.values()}) == 1, "joined, not cold"
+    acting = [len(life.core.acting_slots(life.local(model.t))) for life in model.lives.values()]
+    assert sum(acting) == SLOTS and min(acting) > 0
+    assert model.violations == []
