@@ -536,6 +536,9 @@ class Ownership:
                 acceptor = self._acceptors[slot]
                 if acceptor.lessee == ballot.member and acceptor.lease_ballot == ballot:
                     acceptor.lease_until = -math.inf
+                if self._ring_owners[slot] == self.me and slot not in self._owned:
+                    self._retry_at[slot] = now  # handed to this node: take it now
+                    self._deadline = None
             case Accept():
                 self._on_accept(sender, message, now)
             case Accepted(slot, ballot, version):
@@ -784,8 +787,10 @@ class Ownership:
                     self._lose(slot, now, resigned=False)
                     wait = min(owned.lease_left, self.lease / 4)
                     self._retry_at[slot] = now + wait * self._rng.uniform(1.0, 1.1)
-            elif answer.promised > owned.ballot:
-                self._lose(slot, now, resigned=False)
+            elif answer.promised > owned.ballot and owned.phase == PREPARING:
+                self._give_up(slot, now)
+            # A refused write of a slot this node holds: it stays committed by the others of
+            # the quorum, and the lease ends the slot if a quorum has moved on.
             return
         if owned.phase == PREPARING:
             owned.promises[sender] = answer
@@ -860,13 +865,28 @@ class Ownership:
             del self._rounds[number]
         numbers = [ballot.number for ballot in slots.values()]
         self._to_voters(Renew(self._next_round, self.era, list(slots), numbers))
+        self._resend_uncommitted(now)
+
+    def _resend_uncommitted(self, now: float) -> None:
+        """A write no quorum acknowledged yet goes again, whole, to the live voters that have
+        not: its Accept or their Accepted may have been lost with a broken link, and without a
+        later write nothing else would tell (what waits on it would wait for good)."""
+        for slot, owned in self._owned.items():
+            writer = owned.writer
+            if writer is None or not writer.pending(self._voters):
+                continue
+            copy = self._acceptors[slot].copy
+            if copy.accepted != owned.ballot:
+                continue
+            write = Accept(slot, owned.ballot, copy.version, True, copy.records(now), [])
+            for member in writer.behind(self._voters & self._live.keys()):
+                writer.sent_whole(member)
+                self._send(member, write)
 
     def _on_renewed(self, sender: str, answer: Renewed, now: float) -> None:
         for slot, promised in zip(answer.refused, answer.promised, strict=True):
+            # One acceptor moved on: the lease runs as long as a quorum renews it.
             self._see(slot, promised, now)
-            owned = self._owned.get(slot)
-            if owned is not None and promised > owned.ballot:
-                self._lose(slot, now, resigned=False)
         for slot, member in zip(answer.wanted, answer.wanted_by, strict=True):
             owned = self._owned.get(slot)
             if owned is not None:

@@ -72,10 +72,10 @@ class SlotCopy:
 
     def apply(self, write: Accept, now: float) -> bool:
         """Apply `write` if it follows this copy (or is whole); False if it does not."""
+        if write.ballot == self.accepted and write.version <= self.version:
+            return True  # had it already (a whole copy sent again, or a repeat)
         if write.whole:
             self._records = {record.key: (record, now) for record in write.records}
-        elif write.ballot == self.accepted and write.version <= self.version:
-            return True  # had it already
         elif write.ballot != self.accepted or write.version != self.version + 1:
             return False
         else:
@@ -128,6 +128,14 @@ class SlotWriter:
             return False
         self._whole_sent[member] = self.version
         return True
+
+    def behind(self, voters: Iterable[str]) -> list[str]:
+        """The `voters` that have not said they hold the latest version."""
+        return sorted(m for m in voters if self._held.get(m, 0) < self.version)
+
+    def sent_whole(self, member: str) -> None:
+        """A whole copy of the latest version went to `member`."""
+        self._whole_sent[member] = self.version
 
     def committed(self, voters: Collection[str]) -> int:
         """The highest version a quorum of `voters` holds."""

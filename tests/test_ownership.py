@@ -222,6 +222,27 @@ def test_a_writer_commits_what_a_quorum_holds_and_sends_whole_to_who_fell_behind
     assert writer.held("n3", 1) is False
 
 
+def test_a_write_lost_on_its_way_goes_again_whole_with_the_next_renewal():
+    """Its Accepts lost with a broken link, and no later write to show the acceptors behind:
+    without sending it again, what waits on it would wait as long as the owner keeps the slot
+    (tests/test_ownership.py's five-node seed 2 held a resignation back that way)."""
+    model = Model(9)
+    model.run_until(5.0)
+    model._maybe_write = lambda life, now: None  # only the write below
+    life = model.lives["n1"]
+    now = life.local(model.t)
+    slot = life.core.acting_slots(now)[0]
+    model.cut |= {("n1", "n2"), ("n1", "n3")}
+    life.core.write(slot, [record(10**6)], [], now)
+    life.core.gate.hold((slot, 10**6))
+    model._after(life, now)
+    model.cut.clear()
+    assert 10**6 not in model.committed[slot]
+    model.run_until(model.t + LEASE / 2)
+    assert 10**6 in model.committed[slot]
+    assert model.violations == []
+
+
 def test_the_gate_holds_back_what_follows_uncommitted_writes_and_fails_it_if_they_are_lost():
     gate: CommitGate[str] = CommitGate()
     gate.hold("before anything")
