@@ -4,10 +4,11 @@ A check names a limiter and a key (a user, a tenant; "" when the limiter is glob
 n. In `exact` mode the node that acts for the key's slot decides alone (`cluster/ownership.py`),
 so nothing is admitted beyond the algorithm's rule. Key states are not written to a quorum (a
 round trip per check); instead, when a node gains a slot (`gain_slot`), its keys continue from
-the states its previous owner handed over as it resigned (`lose_slot` exports them), or, when
-none came, they **start spent** as of that moment: the old owner admitted nothing after its
-lease ended, which was before, and no copy kept elsewhere could say what it admitted until then
-(docs/cluster.md, "Rate limits in exact mode").
+what its previous owner handed over as it resigned (`lose_slot` exports it: the states, and
+whether the keys without one start spent), or, when nothing came, they **start spent** as of
+that moment: the old owner admitted nothing after its lease ended, which was before, and no
+copy kept elsewhere could say what it admitted until then (docs/cluster.md, "Rate limits in
+exact mode").
 
 A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
 admitted it remembers the go (`RememberedGoes`), and answers a retry (the client asking again
@@ -147,13 +148,22 @@ class RateStates:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotRates:
+    """What an owner knew of one slot's exact keys: their states, and, for a slot it gained
+    spent, since when every key it holds no state of starts spent (None: they start new)."""
+
+    states: tuple[RateState, ...] = ()
+    spent_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RateHandover:
-    """A resigning owner's key states of `slot`, for the member that takes the slot next from
+    """A resigning owner's `rates` of `slot`, for the member that takes the slot next from
     `ballot` (the resigned owner's term)."""
 
     slot: int
     ballot: Ballot
-    states: tuple[RateState, ...]
+    rates: SlotRates
 
 
 @dataclass
@@ -286,23 +296,25 @@ class RateLimits:
         """Every exact-mode key whose state this node keeps."""
         return [key for key in self._states if self._modes[key[0]] == "exact"]
 
-    def lose_slot(self, slot: int) -> tuple[RateState, ...]:
-        """This node decides the exact keys of `slot` no more: their states, dropped here (for
-        the next owner, if this node resigned)."""
+    def lose_slot(self, slot: int) -> SlotRates:
+        """This node decides the exact keys of `slot` no more: what it knew of them, dropped
+        here (for the next owner, if this node resigned)."""
         keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
-        return self.export(keys, drop=True).states
+        return SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
 
-    def gain_slot(self, slot: int, now: float, handed_over: tuple[RateState, ...] | None) -> None:
-        """This node decides the exact keys of `slot` from now on: from the states its previous
-        owner `handed_over`, or, when none came, each spent as of `now`."""
+    def gain_slot(self, slot: int, now: float, handed_over: SlotRates | None) -> None:
+        """This node decides the exact keys of `slot` from now on: as its previous owner
+        `handed_over` them, or, when nothing came, each spent as of `now`."""
         for key in self.held_keys():
             if slot_of(rate_key(*key)) == slot:
                 del self._states[key]
         if handed_over is None:
-            self._spent_since[slot] = now
-        else:
+            handed_over = SlotRates(spent_since=now)
+        if handed_over.spent_since is None:
             self._spent_since.pop(slot, None)
-            self.store(handed_over)
+        else:
+            self._spent_since[slot] = handed_over.spent_since
+        self.store(handed_over.states)
 
     def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
         """The states of `keys`, to send; `drop` forgets them here."""

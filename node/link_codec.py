@@ -39,6 +39,7 @@ from sluicegate.cluster.rate_limits import (
     RateStates,
     RateWait,
     RememberedGo,
+    SlotRates,
 )
 from sluicegate.cluster.replication import Accept, Accepted
 from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
@@ -116,6 +117,7 @@ LINK_CODEC = Codec(
         75: LockTaken,
         76: Audit,
         77: RateHandover,
+        78: SlotRates,
         **HANDSHAKE_MESSAGES,
     }
 )

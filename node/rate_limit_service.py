@@ -38,6 +38,7 @@ from sluicegate.cluster.rate_limits import (
     RateLimits,
     RateOperation,
     RateWait,
+    SlotRates,
 )
 from sluicegate.cluster.ring import rate_key
 from sluicegate.cluster.shard import SlotChange, SlotGained, SlotLost
@@ -51,6 +52,8 @@ from .rpc import Rpc, Unavailable
 log = logging.getLogger("sluicegate.rate_limits")
 
 EVICT_INTERVAL = 10.0
+# A resigned slot's hand-over is kept this long by the members that may take the slot next.
+HANDOVER_KEPT = 10.0
 # A forwarded check that gets no answer this long (plus a wait's own timeout) answers 503.
 FORWARD_TIMEOUT = 10.0
 
@@ -86,8 +89,9 @@ class RateLimitService:
         self._membership: MembershipActor | None = None
         self._rpc: Rpc | None = None
         self._links: Links | None = None
-        # Hand-overs received, by slot: used when this node gains the slot from their sender.
-        self._handovers: dict[int, RateHandover] = {}
+        # Hand-overs received, by slot, and when: used if this node gains the slot from their
+        # sender (kept `HANDOVER_KEPT`).
+        self._handovers: dict[int, tuple[RateHandover, float]] = {}
         # The members this node handed keys to (a leaving node waits for them to have them).
         self._handed_to: set[str] = set()
 
@@ -154,29 +158,37 @@ class RateLimitService:
     # -- slots changing hands ----------------------------------------------------------------
 
     def slots_changed(self, changes: list[SlotChange]) -> None:
-        """The shard gained or lost slots: keys go with them (docs/cluster.md)."""
+        """The shard gained or lost slots: keys go with them (docs/cluster.md). A resigned
+        slot's states go to every live member: the ring names who should take it next, but
+        who does is settled by ballots."""
+        now = self._node_clock.now()
         for change in changes:
             if isinstance(change, SlotLost):
-                states = self.core.lose_slot(change.slot)
-                successor = self._ownership.owner_of(change.slot)
-                if change.resigned and successor not in (None, self._ownership.me):
-                    self._links.send(successor, RateHandover(change.slot, change.ballot, states))
-                    self._handed_to.add(successor)
+                rates = self.core.lose_slot(change.slot)
+                if change.resigned:
+                    handover = RateHandover(change.slot, change.ballot, rates)
+                    for member in self._membership.live_members():
+                        if member != self._ownership.me:
+                            self._links.send(member, handover)
+                            self._handed_to.add(member)
             elif isinstance(change, SlotGained):
-                handover = self._handovers.pop(change.slot, None)
+                handover, _ = self._handovers.pop(change.slot, (None, 0.0))
                 if change.cold or change.previous == NO_BALLOT:
-                    states: tuple | None = ()  # a new era: nothing was decided before
+                    rates: SlotRates | None = SlotRates()  # a new era: nothing decided before
                 elif handover is not None and handover.ballot == change.previous:
-                    states = handover.states
+                    rates = handover.rates
                 else:
-                    states = None
-                self.core.gain_slot(change.slot, self._clock(), states)
+                    rates = None
+                self.core.gain_slot(change.slot, self._clock(), rates)
+        for slot, (_, at) in list(self._handovers.items()):
+            if at < now - HANDOVER_KEPT:
+                del self._handovers[slot]  # another member took that slot
 
     def handed_over(self, message: RateHandover) -> None:
-        """A resigning owner's states of a slot this node is to take next."""
-        known = self._handovers.get(message.slot)
+        """A resigning owner's states of a slot this node may take next."""
+        known, _ = self._handovers.get(message.slot, (None, 0.0))
         if known is None or known.ballot < message.ballot:
-            self._handovers[message.slot] = message
+            self._handovers[message.slot] = (message, self._node_clock.now())
 
     async def leave(self, timeout: float) -> None:
         """Stopping: wait, at most `timeout`, until the keys handed over have arrived (the
@@ -214,6 +226,8 @@ class RateLimitService:
         owner = ownership.actor_of(slot, now)
         if owner is None or owner == ownership.me:
             raise Unavailable("this node does not act for this key's slot now; ask again")
+        if owner not in self._membership.live_members():
+            raise Unavailable(f"{owner} is down; its slots move on")
         return owner
 
     def _refuse_unless_decided_here(self, op: RateOperation) -> None:

@@ -17,6 +17,7 @@ from sluicegate.cluster.rate_limits import (
     RateEvents,
     RateLimiterConfig,
     RateLimits,
+    SlotRates,
 )
 from sluicegate.cluster.ring import rate_key
 from sluicegate.cluster.slots import slot_of
@@ -187,14 +188,31 @@ def test_a_resigning_owner_hands_its_keys_over_with_what_they_remember():
     owner, successor = node("n1", 1), node("n2", 2)
     first = owner.check("api", key, 3, 0.0, retry_id=7)
     owner.check("api", other, 4, 0.0)
-    states = owner.lose_slot(slot)
-    assert [state.key for state in states] == [key]  # only that slot's keys go
+    rates = owner.lose_slot(slot)
+    assert [state.key for state in rates.states] == [key]  # only that slot's keys go
+    assert rates.spent_since is None
     assert owner.keys() == 1
-    successor.gain_slot(slot, 0.5, states)
+    successor.gain_slot(slot, 0.5, rates)
     assert successor.spent_slots() == 0
     assert successor.check("api", key, 3, 0.5, retry_id=7) == first  # remembered, not again
     assert successor.check("api", key, 1, 0.5).go  # 3 of 4 were spent: one left
     assert not successor.check("api", key, 1, 0.5).go
+
+
+def test_a_slot_gained_spent_is_handed_over_spent():
+    """Taken over from a frozen owner, then handed back to it: the keys nobody checked in
+    between are still spent as of the takeover, not new (tests/test_cluster_rate_limits.py)."""
+    theirs = keys_in()[0]
+    slot = slot_of(rate_key("api", theirs))
+    taker, woken = node("n2", 2), node("n1", 1)
+    taker.gain_slot(slot, 10.0, None)
+    rates = taker.lose_slot(slot)
+    assert rates == SlotRates((), spent_since=10.0)
+    assert taker.spent_slots() == 0
+    woken.gain_slot(slot, 10.5, rates)
+    assert not woken.check("api", theirs, 1, 10.5).go
+    assert woken.check("api", theirs, 1, 11.0).go  # one token back a second after 10.0
+    assert woken.spent_slots() == 1
 
 
 def test_a_slot_gained_again_forgets_what_was_kept_of_it():
@@ -202,5 +220,5 @@ def test_a_slot_gained_again_forgets_what_was_kept_of_it():
     slot = slot_of(rate_key("api", key))
     limits = node("n1")
     assert limits.check("api", key, 1, 0.0).go  # kept from an earlier term
-    limits.gain_slot(slot, 1.0, ())  # a new era: nothing was decided before
+    limits.gain_slot(slot, 1.0, SlotRates())  # a new era: nothing was decided before
     assert limits.check("api", key, 4, 1.0).go

@@ -15,7 +15,7 @@ from trio_websocket import wrap_client_stream, wrap_server_stream
 
 from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateChecks, RateHandover, RateState
+from sluicegate.cluster.rate_limits import RateChecks, RateHandover, RateState, SlotRates
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -145,7 +145,9 @@ def test_rpc_messages_round_trip_through_the_link_codec():
         Reply(7, Decision(True, 1, 0.0)),
         Failure(8, "StaleOperation", [3, 4]),
         RateHandover(
-            12, Ballot(1_700_000_000_000, 3, "n1"), (RateState("api", "u1", (3.5, 12.25)),)
+            12,
+            Ballot(1_700_000_000_000, 3, "n1"),
+            SlotRates((RateState("api", "u1", (3.5, 12.25)),), spent_since=10.5),
         ),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
