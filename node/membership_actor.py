@@ -38,15 +38,18 @@ class MembershipActor:
         rng: random.Random,
         clock: Clock = TRIO_CLOCK,
         on_member_down: Callable[[str], None] = lambda node_id: None,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_member_down(node_id)` is called whenever a member is counted down (silent or
-        gone); `clock` is the node's, which times the gossip ticks and stamps what is heard."""
+        gone), `on_change()` after any change of the members; `clock` is the node's, which
+        times the gossip ticks and stamps what is heard."""
         self._membership = membership
         self._links = links
         self._interval = interval
         self._rng = rng
         self._clock = clock
         self._on_member_down = on_member_down
+        self._on_change = on_change
         self._dialing: dict[str, tuple[str, trio.CancelScope]] = {}
         self._introducing: set[str] = set()
         self._nursery: trio.Nursery | None = None
@@ -190,6 +193,7 @@ class MembershipActor:
                     self._stop_dialing(event.node_id)
                 self._on_member_down(event.node_id)
         self.ring = Ring(self._membership.live_members())
+        self._on_change()
 
     def _keep_linked(self, node_id: str, address: str) -> None:
         """Dial members that are ours to dial; keep dialing silent ones so recovery is seen."""

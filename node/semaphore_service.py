@@ -90,6 +90,7 @@ class ClusterSemaphores:
         self._membership = membership
         self._rpc = rpc
         self._clock = clock
+        self._members: tuple | None = None
         self.forwarded = 0
 
     @property
@@ -120,6 +121,8 @@ class ClusterSemaphores:
             target = self._target(op)
             if target is None or target == self.node_id:
                 return await self._actor.call(op)
+            if target not in self._membership.live_members():
+                raise Unavailable(f"{target} is down; its slots move on")
             timeout = FORWARD_TIMEOUT
             if isinstance(op, Acquire) and op.block_for:
                 timeout += op.block_for
@@ -172,17 +175,21 @@ class ClusterSemaphores:
     # -- keeping the shard informed ----------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Tell the shard of every change of the members."""
+        """Tell the shard of every change of the members (at once, through `follow_members`,
+        and looked at every `WATCH_INTERVAL` besides)."""
         task_status.started()
-        previous = None
         while True:
-            members = (self._membership.generations(), self._membership.known_members())
-            if members != previous:
-                if previous is not None:
-                    log.info("Members now: %s.", ", ".join(sorted(members[0])))
-                self._actor.members_changed(*members)
-                previous = members
+            self.follow_members()
             await self._clock.sleep(WATCH_INTERVAL)
+
+    def follow_members(self) -> None:
+        """Tell the shard of the members, if they changed since it was last told."""
+        members = (self._membership.generations(), self._membership.known_members())
+        if members != self._members:
+            if self._members is not None:
+                log.info("Members now: %s.", ", ".join(sorted(members[0])))
+            self._members = members
+            self._actor.members_changed(*members)
 
     async def leave(self, timeout: float) -> None:
         """Stopping: hand every slot on before the goodbye, waiting at most `timeout`."""

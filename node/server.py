@@ -146,6 +146,7 @@ async def join_cluster(
     generation = time.time_ns() if generation is None else generation
     membership_actor: MembershipActor | None = None
     shard_actor: ShardActor | None = None
+    semaphores: ClusterSemaphores | None = None
     rpc: Rpc | None = None
 
     async def deliver(remote_id: str, messages: list[object]) -> None:
@@ -191,6 +192,7 @@ async def join_cluster(
         clock=clock,
         # Calls forwarded to a member counted down fail at once: its slots move on.
         on_member_down=rpc.link_down,
+        on_change=lambda: semaphores.follow_members(),
     )
     ownership = Ownership(
         node_id,
