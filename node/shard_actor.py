@@ -11,15 +11,18 @@ its wake-up.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
 from sluicegate.cluster.semaphore_ops import Operation
-from sluicegate.cluster.shard import Shard, SlotChange
+from sluicegate.cluster.shard import Shard, SlotChange, SlotGained, SlotLost
 
 from .clock import TRIO_CLOCK, Clock
+
+log = logging.getLogger("sluicegate.slots")
 
 # Called with (result, None) or (None, error) when a submitted request is answered.
 Answered = Callable[[object, BaseException | None], None]
@@ -133,9 +136,23 @@ class ShardActor:
             self._send(member, message)
         changes = shard.slot_changes()
         if changes:
+            self._log(changes)
             self._on_slot_changes(changes)
         sleep = self._sleep
         if sleep is not None and not self._unflushed:
             deadline = shard.next_deadline()
             if deadline != self._clock.deadline_of(sleep):
                 self._clock.reschedule(sleep, deadline)
+
+    def _log(self, changes: list[SlotChange]) -> None:
+        gained = [c.slot for c in changes if isinstance(c, SlotGained)]
+        lost = [c for c in changes if isinstance(c, SlotLost)]
+        resigned = sum(1 for c in lost if c.resigned)
+        acting = len(self.shard.ownership.acting_slots(self._clock.now()))
+        log.info(
+            "Slots: %d gained, %d lost (%d resigned); acting for %d now.",
+            len(gained),
+            len(lost),
+            resigned,
+            acting,
+        )

@@ -15,13 +15,13 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from sluicegate.cluster.ring import Ring, semaphore_key
+from sluicegate.cluster.ring import Ring
+from sluicegate.cluster.slots import SLOTS, slot_owners
 
 from .nodes import NodeProcess, gauge, wait_until
 
 pytestmark = pytest.mark.process
 
-SEMAPHORES = ["A", *(f"S{i}" for i in range(29))]
 CONFIG = (
     """
 [semaphores]
@@ -161,28 +161,25 @@ def test_a_cluster_node_bound_to_any_address_must_say_where_it_is_reached(tmp_pa
     assert "set [cluster] advertise" in result.stderr
 
 
-def test_every_node_owns_what_the_ring_says(cluster):
+def test_every_node_acts_for_the_slots_the_ring_gives_it(cluster):
     wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "converged")
-    ring = Ring(["n1", "n2", "n3"])
-    expected = {
-        name: sum(1 for s in SEMAPHORES if ring.owner(semaphore_key(s)) == name) for name in cluster
-    }
-    assert sum(expected.values()) == len(SEMAPHORES)
-    assert all(count > 0 for count in expected.values())
+    owners = slot_owners(Ring(["n1", "n2", "n3"]))
+    expected = {name: float(owners.count(name)) for name in cluster}
+    assert sum(expected.values()) == SLOTS and all(expected.values())
 
-    def owned() -> dict[str, float]:
-        return {name: gauge(n, "sluicegate_semaphores_owned") for name, n in cluster.items()}
+    def acting(names=tuple(cluster)) -> dict[str, float]:
+        return {name: gauge(cluster[name], "sluicegate_slots_acting") for name in names}
 
     # Each node takes the members on once they have settled (down_after).
-    wait_until(lambda: owned() == expected, 10, f"ownership as the ring says: {expected}")
+    wait_until(lambda: acting() == expected, 10, f"slots as the ring says: {expected}")
 
     cluster["n3"].stop()
     wait_until(lambda: members_up(cluster["n1"]) == 2, 5, "n3 gone")
     wait_until(lambda: members_up(cluster["n2"]) == 2, 5, "n3 gone")
-    # n3's semaphores move to the survivors.
-    wait_until(
-        lambda: sum(owned()[n] for n in ("n1", "n2")) == len(SEMAPHORES), 5, "n3's share moved"
-    )
+    # n3 resigned its slots as it left; the survivors take them, as the ring of two says.
+    owners = slot_owners(Ring(["n1", "n2"]))
+    expected = {name: float(owners.count(name)) for name in ("n1", "n2")}
+    wait_until(lambda: acting(expected) == expected, 5, "n3's share moved")
 
 
 def test_gossip_lag_of_live_members_stays_below_the_timeout(cluster):

@@ -13,9 +13,11 @@ import urllib.request
 
 import pytest
 
+from sluicegate.cluster.ring import Ring, semaphore_key
+from sluicegate.cluster.slots import member_for
 from sluicegate.node.semaphore_service import FORWARD_TIMEOUT
 
-from .nodes import NodeProcess, is_ready, wait_until
+from .nodes import NodeProcess, gauge, is_ready, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -26,7 +28,6 @@ A = 1
 [cluster]
 down_after = "1s"
 gossip_interval = "200ms"
-takeover_grace = "1s"
 """
 SECRET = {"SLUICEGATE_CLUSTER_SECRET": "paused-node-test"}
 
@@ -102,20 +103,42 @@ def acquire(node: NodeProcess, peer: int, semaphore: str) -> bool:
         return response.status == 200  # 202: still pending
 
 
-def test_a_node_that_wakes_from_a_freeze_steps_down_before_it_acts_and_rejoins(cluster):
-    """Chaos seeds 3 and 4: a node paused longer than `down_after` woke with its old state, and
-    expired peers renewed elsewhere meanwhile, granted from its old queues, and went on with
-    fencing tokens below its stand-in's. It must drop that state first, then pull it back."""
-    frozen = cluster["n2"]
-    others = [node for name, node in cluster.items() if name != "n2"]
-    holder = new_peer(others[0])
+def release(node: NodeProcess, peer: int, semaphore: str) -> None:
+    request = urllib.request.Request(f"{node.url}/peers/{peer}/{semaphore}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=20):
+        pass
+
+
+def test_a_node_that_wakes_from_a_freeze_acts_for_nothing_it_held_until_it_wins_it_back(cluster):
+    """Chaos seeds 3 and 4 (before slot ownership): a node paused longer than `down_after` woke
+    with its old state, and granted from its old queues while others served its peers. Now
+    it acts for a slot only while it holds a quorum's lease on it: woken, it has lost every
+    slot (its leases ran out by its own clock) before it handles anything, and wins its ring
+    share back with ballots, from the copies the quorum committed meanwhile."""
+    ring = Ring(sorted(cluster))
+    name = member_for(ring, semaphore_key("A"))
+    frozen = cluster[name]
+    others = [node for node_id, node in cluster.items() if node_id != name]
+    holder, waiter = new_peer(others[0]), new_peer(others[1])
     assert acquire(others[0], holder, "A") is True
+    acting_before = int(gauge(frozen, "sluicegate_slots_acting"))
+    assert acting_before > 0
+    logged_before = len(frozen.log())
     frozen.signal(signal.SIGSTOP)
     try:
-        time.sleep(3.0)  # the others count it down, and take its share over
+        wait_until(
+            lambda: sum(gauge(node, "sluicegate_slots_acting") for node in others) == 256,
+            15,
+            "the others to take the frozen node's slots over",
+        )
+        assert remainder(others[1], "A") == 0  # the holder's lock came over with the slot
     finally:
         frozen.signal(signal.SIGCONT)
-    wait_until(lambda: "Frozen for" in frozen.log(), 10, "the woken node steps down")
-    wait_until(lambda: is_ready(frozen.url), 15, "it rejoins")
-    # The holder kept A through it all (its peer lives at n1 or n3 and was never touched).
+    wait_until(lambda: gauge(frozen, "sluicegate_slots_acting") == acting_before, 15, "back")
+    woken = frozen.log()[logged_before:].split("Slots: ")[1:]  # its slot changes since
+    assert woken[0].startswith(f"0 gained, {acting_before} lost (0 resigned); acting for 0")
+    assert is_ready(frozen.url)
+    # The holder kept A through it all, and the waiter gets it once the holder lets go.
     assert all(remainder(node, "A") == 0 for node in cluster.values())
+    release(others[0], holder, "A")
+    assert acquire(others[1], waiter, "A") is True
