@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .connection import Connection
+from .connection import CONNECT_TIMEOUT, Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
 from .session import (
     LeaseLost,
@@ -207,10 +207,11 @@ class Client:
             now = trio.current_time()
             wait = min(max(deadline - now, 0.0), WAIT_SLICE)
             seq = self._session.next_op(peer)
-            result = await self._call(
+            result, sent_at = await self._renewing(
                 peer, self._session.acquire, peer, semaphore, count, wait, seq
             )
-            self._session.renewed(peer, now)  # an acquire prolongs its peer too
+            # An acquire prolongs its peer too, from when the try that was answered was sent.
+            self._session.renewed(peer, sent_at)
             if self._session.acquired(peer, semaphore, count, result):
                 lease = Lease(semaphore, count, peer.held[semaphore].token, peer.peer_id)
                 self._leases.add(lease)
@@ -290,7 +291,7 @@ class Client:
     def _leave(self, connection: Connection | None) -> None:
         """Leave the node of `connection` for the next one (if no other call did already)."""
         if connection is not None and connection is self._connection and not connection.closed:
-            self._nodes.skip()
+            self._nodes.skip(trio.current_time())
             connection.abandon()
 
     async def _restore(self, peer: Peer) -> None:
@@ -322,7 +323,12 @@ class Client:
             while True:
                 try:
                     self._connection = await Connection.open(
-                        self._nursery, self._nodes.url, self._open_websocket
+                        self._nursery,
+                        self._nodes.url,
+                        self._open_websocket,
+                        # A node that takes long (paused) must not hold every call up for a
+                        # good part of a peer's expiry.
+                        min(CONNECT_TIMEOUT, self._session.expires_in / 5),
                     )
                 except ConnectionLost:
                     decision = self._nodes.failed(trio.current_time(), give_up_at)
@@ -339,21 +345,18 @@ class Client:
         while True:
             beat = self._session.expires_in / 3
             await trio.sleep(beat)
-            # Sent a beat ago or earlier (half a beat: beats are not to the float that far apart).
-            sent_before = trio.current_time() - beat / 2
-            stalled = False
+            connection = self._connection
             for peer in list(self._session.peers.values()):
                 # A beat each time, even while earlier ones are on their way: with answers
                 # slower than a beat, waiting for them would space renewals out beyond expiry.
                 if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
                     self._nursery.start_soon(self._heartbeat, peer)
-                if peer.heartbeats_sent and peer.heartbeats_sent[0] < sent_before:
-                    stalled = True
-            if stalled:
-                # No answer for a beat: the node (as if paused) or its way to the peers' homes
-                # stalls, with the connection open; ask another node, with two beats left
-                # before the peer may expire.
-                self._leave(self._connection)
+            # A beat sent on this connection half a beat ago or earlier is still unanswered
+            # (one waiting out a backoff elsewhere is not): the node, or its way to the peers'
+            # homes, stalls with the connection open; ask another node, with two beats left
+            # before the peer may expire.
+            if connection is not None and connection.stalled(trio.current_time() - beat / 2):
+                self._leave(connection)
 
     async def _heartbeat(self, peer: Peer) -> None:
         session = self._session

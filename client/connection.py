@@ -67,6 +67,8 @@ class Connection:
         # Callers asleep while another reads, the longest asleep first (some may be answered).
         self._sleepers: deque[_Slot] = deque()
         self._broken = False
+        # Heartbeats on their way on this connection: request id -> when sent.
+        self._beats: dict[int, float] = {}
         self.frames_sent = 0
         self.requests_sent = 0
 
@@ -76,11 +78,16 @@ class Connection:
 
     @classmethod
     async def open(
-        cls, nursery: trio.Nursery, url: str, open_websocket: OpenWebSocket = open_websocket
+        cls,
+        nursery: trio.Nursery,
+        url: str,
+        open_websocket: OpenWebSocket = open_websocket,
+        timeout: float = CONNECT_TIMEOUT,
     ) -> Connection:
-        """Connect to `url` (a node's `/ws`) and say hello; the connection lives in `nursery`."""
+        """Connect to `url` (a node's `/ws`) and say hello, within `timeout`; the connection
+        lives in `nursery`."""
         try:
-            with trio.fail_after(CONNECT_TIMEOUT):
+            with trio.fail_after(timeout):
                 ws = await open_websocket(url)
                 await ws.send_message(msgpack.packb({"hello": PROTOCOL_VERSION}))
                 welcome = msgpack.unpackb(await ws.get_message())
@@ -96,6 +103,8 @@ class Connection:
             raise ConnectionLost("the connection is closed")
         slot = self._waiting[request["id"]] = _Slot(request["id"])
         self._outbox.append(request)
+        if request["op"] == "heartbeat":
+            self._beats[request["id"]] = trio.current_time()
         try:
             if len(self._waiting) == 1 and not self._sending:
                 # Alone: no frame to share, so no reason to wake the sender.
@@ -111,6 +120,7 @@ class Connection:
                     await self._read_until(slot)
         finally:
             del self._waiting[request["id"]]
+            self._beats.pop(request["id"], None)
             if not self._reading:
                 # This caller may have been handed reading just as it was cancelled.
                 self._hand_over_reading()
@@ -119,6 +129,11 @@ class Connection:
         if "error" in slot.answer:
             raise error_from(slot.answer)
         return slot.answer.get("ok")
+
+    def stalled(self, before: float) -> bool:
+        """Is a heartbeat sent on this connection before `before` still unanswered? (The node,
+        or its way to the peers' homes, stalls with the connection open, as if paused.)"""
+        return any(sent < before for sent in self._beats.values())
 
     async def aclose(self) -> None:
         self._fail_all()

@@ -6,9 +6,10 @@ the next node, or give up. `now` comes in; the waits come out; `client/client.py
   `BACKOFF_FIRST` to `BACKOFF_MAX`, jittered (0.5 to 1.5 times) so that many clients do not
   come back in step, until `patience` seconds after the first try; then `Unavailable`.
 * A node that answers `unavailable` for `MOVE_AFTER` seconds is left for the next node: it may be
-  cut off from the majority (which serves), or slow to take over its share.
-* Connecting tries the node URLs in turn, staying with one that works; after a whole round
-  with none answering it waits (the same backoff), and gives up at the same deadline.
+  cut off from the others (who serve), or not act for the slot the call needs yet.
+* Connecting tries the node URLs in turn, staying with one that works, and passing over those
+  left in the last `AVOID_FOR` seconds while others are not; after a whole round with none
+  answering it waits (the same backoff), and gives up at the same deadline.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ BACKOFF_MAX = 1.0
 # How long a call keeps trying before it gives up with `Unavailable`.
 CALL_PATIENCE = 30.0
 # How long a call keeps asking a node that answers `unavailable` before it tries the next one.
-MOVE_AFTER = 1.0
+MOVE_AFTER = 0.5
+# A node left (it stalled, or answered `unavailable`) is passed over this long, if others are
+# not.
+AVOID_FOR = 3.0
 
 
 class ConnectionLost(Exception):
@@ -113,7 +117,8 @@ class CallRecovery:
 
 
 class NodeChoice:
-    """Which node URL to connect to: the one that worked last, else the next in turn."""
+    """Which node URL to connect to: the one that worked last, else the next in turn that was
+    not left lately."""
 
     def __init__(self, urls: list[str], rng: random.Random) -> None:
         if not urls:
@@ -123,14 +128,23 @@ class NodeChoice:
         self._current = 0
         self._failed_in_round = 0
         self._backoff = Backoff(rng)
+        # URL index -> when it was last left.
+        self._left: dict[int, float] = {}
 
     @property
     def url(self) -> str:
         return self._urls[self._current]
 
-    def skip(self) -> None:
+    def skip(self, now: float) -> None:
         """Leave the current node for the next one (it works, but cannot serve now)."""
-        self._current = (self._current + 1) % len(self._urls)
+        self._left[self._current] = now
+        count = len(self._urls)
+        for step in range(1, count + 1):
+            candidate = (self._current + step) % count
+            if now >= self._left.get(candidate, -AVOID_FOR) + AVOID_FOR:
+                self._current = candidate
+                return
+        self._current = (self._current + 1) % count
 
     def connected(self) -> None:
         self._failed_in_round = 0
@@ -138,7 +152,7 @@ class NodeChoice:
 
     def failed(self, now: float, give_up_at: float) -> Decision:
         """`url` did not answer: the next one, at once or (after a whole round) after a wait."""
-        self.skip()
+        self.skip(now)
         self._failed_in_round += 1
         if self._failed_in_round < len(self._urls):
             return Retry(0.0)

@@ -5,6 +5,7 @@ import random
 import pytest
 
 from sluicegate.client.recovery import (
+    AVOID_FOR,
     BACKOFF_FIRST,
     BACKOFF_MAX,
     MOVE_AFTER,
@@ -70,11 +71,22 @@ def test_a_node_that_keeps_answering_unavailable_is_left_for_the_next():
 
 def test_node_choice_skips_to_the_next_url():
     choice = NodeChoice(["a", "b", "c"], random.Random(5))
-    choice.skip()
+    choice.skip(now=0.0)
     assert choice.url == "b"
-    choice.skip()
-    choice.skip()
+    choice.skip(now=1.0 * AVOID_FOR)
+    choice.skip(now=2.0 * AVOID_FOR)
     assert choice.url == "a"
+
+
+def test_node_choice_passes_over_a_node_left_lately_while_another_is_not():
+    choice = NodeChoice(["a", "b", "c"], random.Random(5))
+    choice.skip(now=0.0)  # leaves a for b
+    choice.skip(now=0.5)  # leaves b: c next, never a (left 0.5 s ago)
+    assert choice.url == "c"
+    choice.skip(now=1.0)  # leaves c: a and b both left lately, so the next in turn, a
+    assert choice.url == "a"
+    choice.skip(now=0.5 + AVOID_FOR)  # leaves a: b is a candidate again
+    assert choice.url == "b"
 
 
 def test_other_refusals_are_not_retried():
@@ -118,6 +130,6 @@ def test_unavailable_answers_count_per_node():
     recovery = CallRecovery(0.0, random.Random(6), has_peer=True)
     first, second = object(), object()
     recovery.after(Unavailable("not served by n2 now"), 0.0, first)
-    assert not recovery.after(Unavailable("not served by n2 now"), 0.5, first).elsewhere
+    assert not recovery.after(Unavailable("not served by n2 now"), MOVE_AFTER / 2, first).elsewhere
     assert not recovery.after(Unavailable("n2 went down"), 4.8, second).elsewhere
-    assert recovery.after(Unavailable("n2 went down"), 5.9, second).elsewhere
+    assert recovery.after(Unavailable("n2 went down"), 4.8 + MOVE_AFTER, second).elsewhere
