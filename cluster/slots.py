@@ -41,3 +41,8 @@ def slot_of(key: bytes) -> int:
 def slot_owners(ring: Ring) -> list[str | None]:
     """The member `ring` names for each slot (None on an empty ring)."""
     return [ring.owner(b"slot/%d" % slot) for slot in range(SLOTS)]
+
+
+def member_for(ring: Ring, key: bytes) -> str | None:
+    """The member `ring` names for the slot of `key` (its owner, once the members settle)."""
+    return ring.owner(b"slot/%d" % slot_of(key))
