@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from .errors import InvalidWeight, UnknownLimiter
 from .rate_algorithms import ALGORITHMS, Algorithm, Decision
 from .ring import rate_key
-from .slots import Ballot, slot_of
+from .slots import NO_BALLOT, Ballot, slot_of
 
 MODES = ("exact", "gossip")
 # A go is remembered by its retry id for at least this long (and at most twice): longer than a
@@ -43,6 +43,9 @@ REMEMBER_GOES_FOR = 45.0
 # Unless a node admits more than half this many requests with a retry id in that time: then
 # the older half is forgotten sooner. (About 170 bytes each: 85 MB at most.)
 MAX_REMEMBERED_GOES = 500_000
+# A resigned slot's hand-over is kept this long by the members that may take the slot next
+# (one per slot at most).
+HANDOVER_KEPT = 10.0
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ class RateLimits:
         # Exact mode: the slots whose keys start spent, and since when; kept until a key spent
         # then would be as good as new.
         self._spent_since: dict[int, float] = {}
+        # Hand-overs received, by slot, and when (`handed_over`).
+        self._handovers: dict[int, tuple[RateHandover, float]] = {}
         self._horizon = max(
             (
                 algorithm.idle_at(algorithm.spent(0.0))
@@ -296,25 +301,44 @@ class RateLimits:
         """Every exact-mode key whose state this node keeps."""
         return [key for key in self._states if self._modes[key[0]] == "exact"]
 
-    def lose_slot(self, slot: int) -> SlotRates:
-        """This node decides the exact keys of `slot` no more: what it knew of them, dropped
-        here (for the next owner, if this node resigned)."""
+    def lose_slot(self, slot: int, ballot: Ballot, resigned: bool) -> RateHandover | None:
+        """This node decides the exact keys of `slot` no more (it acted under `ballot`): what
+        it knew of them is dropped here, and handed over if it `resigned` (for every live
+        member: the ring names who should take the slot next, but ballots settle who does)."""
         keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
-        return SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
+        rates = SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
+        return RateHandover(slot, ballot, rates) if resigned else None
 
-    def gain_slot(self, slot: int, now: float, handed_over: SlotRates | None) -> None:
-        """This node decides the exact keys of `slot` from now on: as its previous owner
-        `handed_over` them, or, when nothing came, each spent as of `now`."""
+    def handed_over(self, handover: RateHandover, now: float) -> None:
+        """A resigning owner's hand-over, kept `HANDOVER_KEPT` in case this node takes the slot
+        next."""
+        known = self._handovers.get(handover.slot)
+        if known is None or known[0].ballot < handover.ballot:
+            self._handovers[handover.slot] = (handover, now)
+
+    def gain_slot(self, slot: int, now: float, previous: Ballot, cold: bool = False) -> None:
+        """This node decides the exact keys of `slot` from now on, having adopted the state of
+        ballot `previous` (`cold`: of none, a new era): nothing was decided before a new era;
+        a hand-over from `previous` says how the keys stand; else each starts spent as of `now`
+        (docs/cluster.md, "Rate limits in exact mode")."""
         for key in self.held_keys():
             if slot_of(rate_key(*key)) == slot:
                 del self._states[key]
-        if handed_over is None:
-            handed_over = SlotRates(spent_since=now)
-        if handed_over.spent_since is None:
+        for kept, (_, at) in list(self._handovers.items()):
+            if at < now - HANDOVER_KEPT:
+                del self._handovers[kept]  # another member took that slot
+        handover, _ = self._handovers.pop(slot, (None, 0.0))
+        if cold or previous == NO_BALLOT:
+            rates = SlotRates()
+        elif handover is not None and handover.ballot == previous:
+            rates = handover.rates
+        else:
+            rates = SlotRates(spent_since=now)
+        if rates.spent_since is None:
             self._spent_since.pop(slot, None)
         else:
-            self._spent_since[slot] = handed_over.spent_since
-        self.store(handed_over.states)
+            self._spent_since[slot] = rates.spent_since
+        self.store(rates.states)
 
     def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
         """The states of `keys`, to send; `drop` forgets them here."""

@@ -38,11 +38,10 @@ from sluicegate.cluster.rate_limits import (
     RateLimits,
     RateOperation,
     RateWait,
-    SlotRates,
 )
 from sluicegate.cluster.ring import rate_key
 from sluicegate.cluster.shard import SlotChange, SlotGained, SlotLost
-from sluicegate.cluster.slots import NO_BALLOT, slot_of
+from sluicegate.cluster.slots import slot_of
 
 from .clock import TRIO_CLOCK, Clock
 from .links import Links
@@ -52,8 +51,6 @@ from .rpc import Rpc, Unavailable
 log = logging.getLogger("sluicegate.rate_limits")
 
 EVICT_INTERVAL = 10.0
-# A resigned slot's hand-over is kept this long by the members that may take the slot next.
-HANDOVER_KEPT = 10.0
 # A forwarded check that gets no answer this long (plus a wait's own timeout) answers 503.
 FORWARD_TIMEOUT = 10.0
 
@@ -89,9 +86,6 @@ class RateLimitService:
         self._membership: MembershipActor | None = None
         self._rpc: Rpc | None = None
         self._links: Links | None = None
-        # Hand-overs received, by slot, and when: used if this node gains the slot from their
-        # sender (kept `HANDOVER_KEPT`).
-        self._handovers: dict[int, tuple[RateHandover, float]] = {}
         # The members this node handed keys to (a leaving node waits for them to have them).
         self._handed_to: set[str] = set()
 
@@ -158,37 +152,21 @@ class RateLimitService:
     # -- slots changing hands ----------------------------------------------------------------
 
     def slots_changed(self, changes: list[SlotChange]) -> None:
-        """The shard gained or lost slots: keys go with them (docs/cluster.md). A resigned
-        slot's states go to every live member: the ring names who should take it next, but
-        who does is settled by ballots."""
-        now = self._node_clock.now()
+        """The shard gained or lost slots: keys go with them (`RateLimits.gain_slot`)."""
         for change in changes:
             if isinstance(change, SlotLost):
-                rates = self.core.lose_slot(change.slot)
-                if change.resigned:
-                    handover = RateHandover(change.slot, change.ballot, rates)
+                handover = self.core.lose_slot(change.slot, change.ballot, change.resigned)
+                if handover is not None:
                     for member in self._membership.live_members():
                         if member != self._ownership.me:
                             self._links.send(member, handover)
                             self._handed_to.add(member)
             elif isinstance(change, SlotGained):
-                handover, _ = self._handovers.pop(change.slot, (None, 0.0))
-                if change.cold or change.previous == NO_BALLOT:
-                    rates: SlotRates | None = SlotRates()  # a new era: nothing decided before
-                elif handover is not None and handover.ballot == change.previous:
-                    rates = handover.rates
-                else:
-                    rates = None
-                self.core.gain_slot(change.slot, self._clock(), rates)
-        for slot, (_, at) in list(self._handovers.items()):
-            if at < now - HANDOVER_KEPT:
-                del self._handovers[slot]  # another member took that slot
+                self.core.gain_slot(change.slot, self._clock(), change.previous, change.cold)
 
     def handed_over(self, message: RateHandover) -> None:
         """A resigning owner's states of a slot this node may take next."""
-        known, _ = self._handovers.get(message.slot, (None, 0.0))
-        if known is None or known.ballot < message.ballot:
-            self._handovers[message.slot] = (message, self._node_clock.now())
+        self.core.handed_over(message, self._clock())
 
     async def leave(self, timeout: float) -> None:
         """Stopping: wait, at most `timeout`, until the keys handed over have arrived (the

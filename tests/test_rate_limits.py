@@ -13,6 +13,7 @@ from sluicegate.cluster import rate_limits
 from sluicegate.cluster.errors import InvalidWeight, UnknownLimiter
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import (
+    HANDOVER_KEPT,
     REMEMBER_GOES_FOR,
     RateEvents,
     RateLimiterConfig,
@@ -20,7 +21,7 @@ from sluicegate.cluster.rate_limits import (
     SlotRates,
 )
 from sluicegate.cluster.ring import rate_key
-from sluicegate.cluster.slots import slot_of
+from sluicegate.cluster.slots import Ballot, slot_of
 
 CONFIGS = {
     "api": RateLimiterConfig("token_bucket", 4, rate=1.0),
@@ -163,12 +164,15 @@ def keys_in(slot: int | None = None, other_than: int | None = None, count: int =
     ][:count]
 
 
+OLD, NEW, NEWER = Ballot(7, 1, "n1"), Ballot(7, 2, "n2"), Ballot(7, 3, "n1")
+
+
 def test_the_keys_of_a_slot_gained_without_a_hand_over_start_spent_and_no_others():
     theirs = keys_in()[0]
     slot = slot_of(rate_key("api", theirs))
     mine = keys_in(other_than=slot)[0]
     gainer = node("n2", 2)
-    gainer.gain_slot(slot, 10.0, None)
+    gainer.gain_slot(slot, 10.0, previous=OLD)
     # The old owner may have admitted the whole bucket until 10.0: one token back a second on.
     decision = gainer.check("api", theirs, 1, 10.5)
     assert not decision.go and decision.retry_after == pytest.approx(0.5)
@@ -188,15 +192,37 @@ def test_a_resigning_owner_hands_its_keys_over_with_what_they_remember():
     owner, successor = node("n1", 1), node("n2", 2)
     first = owner.check("api", key, 3, 0.0, retry_id=7)
     owner.check("api", other, 4, 0.0)
-    rates = owner.lose_slot(slot)
-    assert [state.key for state in rates.states] == [key]  # only that slot's keys go
-    assert rates.spent_since is None
+    handover = owner.lose_slot(slot, OLD, resigned=True)
+    assert [state.key for state in handover.rates.states] == [key]  # only that slot's keys go
+    assert handover.rates.spent_since is None
     assert owner.keys() == 1
-    successor.gain_slot(slot, 0.5, rates)
+    successor.handed_over(handover, 0.2)
+    successor.gain_slot(slot, 0.5, previous=OLD)
     assert successor.spent_slots() == 0
     assert successor.check("api", key, 3, 0.5, retry_id=7) == first  # remembered, not again
     assert successor.check("api", key, 1, 0.5).go  # 3 of 4 were spent: one left
     assert not successor.check("api", key, 1, 0.5).go
+
+
+def test_a_hand_over_counts_only_for_a_slot_gained_from_its_ballot_and_while_it_is_kept():
+    key = keys_in()[0]
+    slot = slot_of(rate_key("api", key))
+    owner = node("n1", 1)
+    owner.check("api", key, 1, 0.0)
+    handover = owner.lose_slot(slot, OLD, resigned=True)
+    # Another member took the slot from OLD, and this one took it from that member (who
+    # failed): what OLD said no longer stands.
+    successor = node("n3", 3)
+    successor.handed_over(handover, 0.0)
+    successor.gain_slot(slot, 1.0, previous=NEW)
+    assert not successor.check("api", key, 1, 1.0).go and successor.spent_slots() == 1
+    # Kept HANDOVER_KEPT, no longer.
+    late = node("n2", 2)
+    late.handed_over(handover, 0.0)
+    late.gain_slot(slot, HANDOVER_KEPT + 1.0, previous=OLD)
+    assert late.spent_slots() == 1
+    # A lost slot (its lease ran out) hands nothing over.
+    assert node("n1", 1).lose_slot(slot, NEWER, resigned=False) is None
 
 
 def test_a_slot_gained_spent_is_handed_over_spent():
@@ -205,11 +231,12 @@ def test_a_slot_gained_spent_is_handed_over_spent():
     theirs = keys_in()[0]
     slot = slot_of(rate_key("api", theirs))
     taker, woken = node("n2", 2), node("n1", 1)
-    taker.gain_slot(slot, 10.0, None)
-    rates = taker.lose_slot(slot)
-    assert rates == SlotRates((), spent_since=10.0)
+    taker.gain_slot(slot, 10.0, previous=OLD)
+    handover = taker.lose_slot(slot, NEW, resigned=True)
+    assert handover.rates == SlotRates((), spent_since=10.0)
     assert taker.spent_slots() == 0
-    woken.gain_slot(slot, 10.5, rates)
+    woken.handed_over(handover, 10.4)
+    woken.gain_slot(slot, 10.5, previous=NEW)
     assert not woken.check("api", theirs, 1, 10.5).go
     assert woken.check("api", theirs, 1, 11.0).go  # one token back a second after 10.0
     assert woken.spent_slots() == 1
@@ -220,5 +247,5 @@ def test_a_slot_gained_again_forgets_what_was_kept_of_it():
     slot = slot_of(rate_key("api", key))
     limits = node("n1")
     assert limits.check("api", key, 1, 0.0).go  # kept from an earlier term
-    limits.gain_slot(slot, 1.0, SlotRates())  # a new era: nothing was decided before
+    limits.gain_slot(slot, 1.0, previous=OLD, cold=True)  # a new era: nothing decided before
     assert limits.check("api", key, 4, 1.0).go
