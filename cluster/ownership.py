@@ -15,8 +15,8 @@ its clock). A member the ring names for a slot *takes* it:
    until `sent + lease × (1 − DRIFT) / (1 + DRIFT)` of its clock, where `sent` is when it sent
    the last `Prepare` or `Renew` a quorum confirmed. It renews every `lease / 4`.
 
-An owner *loses* a slot when its lease runs out, or an acceptor says a larger ballot exists. It
-*resigns* a slot when its ring names another member that a quorum of acceptors reports as
+An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
+quorum renews). It *resigns* a slot when its ring names another member that a quorum of acceptors reports as
 wanting it (refused for the lease): it stops first, then `Resign` ends the lease promises, so
 the next owner need not wait them out. A member that cannot reach a quorum never gets a slot
 resigned to it.
@@ -30,7 +30,10 @@ q a quorum), keeping the largest copy and promise of each. When a quorum of vote
 read from (a cold start), one of them proposes a new *era* (`ColdStart`); not-ready members
 accept the largest proposal, ready ones refuse it, and a proposal a quorum accepted makes its
 acceptors ready in that era, empty. Decisions about recovery wait `settle` seconds from the
-start, to learn the voters first.
+start, to learn the voters first. The ring that names who takes each slot leaves out the
+members that are recovering (a `Recover` or `ColdStart` from them says so, until a message only
+a ready life sends): a member back from a crash before its old leases ran out would otherwise
+keep its slots from everyone until its own recovery ends, a lease and more later.
 
 Pure: `now` comes in; messages go out through `outbox()`, slot changes through `events()`.
 """
@@ -184,6 +187,23 @@ Message = (
     | ColdAnswer
     | ColdStarted
 )
+
+# What a message says of its sender: True, its life is recovering (it answers as no acceptor
+# yet); False, it is ready (only a ready life sends these). `RecoverReply` and `ColdAnswer`
+# say which themselves.
+_FROM_RECOVERING: dict[type, bool] = {
+    Recover: True,
+    ColdStart: True,
+    ColdStarted: False,
+    Prepare: False,
+    Promise: False,
+    Refuse: False,
+    Renew: False,
+    Renewed: False,
+    Resign: False,
+    Accept: False,
+    Accepted: False,
+}
 
 # -- events ---------------------------------------------------------------------------------
 
@@ -340,6 +360,8 @@ class Ownership:
         self._retry_at = [-math.inf] * SLOTS
         self._backoff = [self.lease / 8] * SLOTS
         self._live: dict[str, int] = {}
+        # Members whose life is recovering, by what they sent last (`_FROM_RECOVERING`).
+        self._recovering: set[str] = set()
         self._voters: frozenset[str] = frozenset({me})
         self._quorum = 1
         self._ring_owners: list[str | None] = [None] * SLOTS
@@ -451,7 +473,12 @@ class Ownership:
         self._live = dict(live)
         self._voters = frozenset(voters) | {self.me}
         self._quorum = quorum_of(self._voters)
-        self._ring_owners = slot_owners(Ring(live))
+        self._designate()
+        self.tick(now)
+
+    def _designate(self) -> None:
+        """Name a live member for each slot: the ring over those not recovering."""
+        self._ring_owners = slot_owners(Ring(self._live.keys() - self._recovering))
         # Only a quorum of live members can take a slot: alone, this node names itself for
         # every slot, and would ask for all of them in vain.
         before = set(self._mine)
@@ -464,7 +491,6 @@ class Ownership:
                 self._retry_at[slot] = -math.inf
                 self._backoff[slot] = self.lease / 8
         self._deadline = None
-        self.tick(now)
 
     def tick(self, now: float) -> None:
         """Run what is due: lease ends, renewals, takes and retries, resignations, recovery."""
@@ -522,6 +548,15 @@ class Ownership:
     # -- acceptor ---------------------------------------------------------------------------
 
     def _handle(self, sender: str, message: Message, now: float) -> None:
+        recovering = _FROM_RECOVERING.get(type(message))
+        if isinstance(message, RecoverReply | ColdAnswer):
+            recovering = not message.ready
+        if recovering is not None and (sender in self._recovering) != recovering:
+            if recovering:
+                self._recovering.add(sender)
+            else:
+                self._recovering.discard(sender)
+            self._designate()
         match message:
             case Prepare(slot, ballot):
                 self._on_prepare(sender, slot, ballot, now)
@@ -731,6 +766,10 @@ class Ownership:
         self._recover(now)
 
     def _become_ready(self, era: int, now: float, cold: bool) -> None:
+        # The members of a cold start become ready with this node; one that does not will
+        # send `Recover` again.
+        self._recovering.clear()
+        self._designate()
         self.era = era
         for slot, acceptor in enumerate(self._acceptors):
             acceptor.promised = self._floor()
@@ -806,6 +845,7 @@ class Ownership:
             previous not in (None, self.me)
             and previous not in promises
             and previous in self._live
+            and previous not in self._recovering
             and now < owned.prepared_at + self.lease / 2
         ):
             # What it hands over comes ahead of its promise: wait a little for it.

@@ -139,6 +139,26 @@ def test_a_restarted_node_recovers_the_era_and_what_its_old_life_held():
     assert model.violations == [] and model.serving() == []
 
 
+def test_a_node_back_from_a_crash_before_its_leases_ended_does_not_keep_its_slots_unserved():
+    """Its new life recovers for a lease and more (it waits out its old leases first), and the
+    others hear from it all along: they still take its slots as soon as its old leases end,
+    since a recovering member is named for no slot; it takes them back once ready."""
+    model = Model(11)
+    model.run_until(5.0)
+    n2_slots = set(model.lives["n2"].core.acting_slots(model.lives["n2"].local(model.t)))
+    assert n2_slots
+    model.crash("n2")
+    model.run_until(5.3)
+    model.start("n2")
+    model.run_until(5.0 + LEASE * (1 + 2 * DRIFT) + 0.2)
+    assert not model.lives["n2"].core.ready
+    assert model.serving() == [], "the others act for every slot of n2's old life"
+    model.run_until(12.0)
+    life = model.lives["n2"]
+    assert life.core.ready and life.core.serves_share(life.local(model.t))
+    assert model.violations == [] and model.serving() == []
+
+
 def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
     core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
