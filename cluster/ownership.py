@@ -16,10 +16,10 @@ its clock). A member the ring names for a slot *takes* it:
    the last `Prepare` or `Renew` a quorum confirmed. It renews every `lease / 4`.
 
 An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
-quorum renews). It *resigns* a slot when its ring names another member that a quorum of acceptors reports as
-wanting it (refused for the lease): it stops first, then `Resign` ends the lease promises, so
-the next owner need not wait them out. A member that cannot reach a quorum never gets a slot
-resigned to it.
+quorum renews). It *resigns* a slot when its ring names another member that a quorum of
+acceptors reports as wanting it (refused for the lease): it stops first, then `Resign` ends
+the lease promises, so the next owner need not wait them out. A member that cannot reach a
+quorum never gets a slot resigned to it.
 
 Writes (`write`) go to every voter; `CommitGate` holds back what depends on them.
 
