@@ -18,11 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 import trio
 
 from sluicegate.cluster.semaphore_ops import Operation
-from sluicegate.cluster.shard import Shard, SlotChange, SlotGained, SlotLost
+from sluicegate.cluster.shard import Shard, SlotChange, SlotGained
 
 from .clock import TRIO_CLOCK, Clock
 
 log = logging.getLogger("sluicegate.slots")
+# Slot changes are logged as one line at most this often (a change of members moves dozens).
+LOG_EVERY = 1.0
 
 # Called with (result, None) or (None, error) when a submitted request is answered.
 Answered = Callable[[object, BaseException | None], None]
@@ -47,6 +49,10 @@ class ShardActor:
         self._sleep: trio.CancelScope | None = None
         # Messages were applied that no flush has written yet.
         self._unflushed = False
+        # Slot changes not logged yet: gained, lost, resigned; and when the next line is due.
+        self._unlogged = [0, 0, 0]
+        self._log_at = math.inf
+        self._logged_at = -math.inf
 
     @property
     def node_id(self) -> str:
@@ -112,7 +118,7 @@ class ShardActor:
         task_status.started()
         clock = self._clock
         while True:
-            deadline = -math.inf if self._unflushed else self.shard.next_deadline()
+            deadline = -math.inf if self._unflushed else self._wake_at()
             with clock.move_on_at(deadline) as self._sleep:
                 await trio.sleep_forever()
             self._sleep = None
@@ -136,23 +142,37 @@ class ShardActor:
             self._send(member, message)
         changes = shard.slot_changes()
         if changes:
-            self._log(changes)
+            self._note(changes)
             self._on_slot_changes(changes)
+        if self._clock.now() >= self._log_at:
+            self._log()
         sleep = self._sleep
         if sleep is not None and not self._unflushed:
-            deadline = shard.next_deadline()
+            deadline = self._wake_at()
             if deadline != self._clock.deadline_of(sleep):
                 self._clock.reschedule(sleep, deadline)
 
-    def _log(self, changes: list[SlotChange]) -> None:
-        gained = [c.slot for c in changes if isinstance(c, SlotGained)]
-        lost = [c for c in changes if isinstance(c, SlotLost)]
-        resigned = sum(1 for c in lost if c.resigned)
-        acting = len(self.shard.ownership.acting_slots(self._clock.now()))
+    def _wake_at(self) -> float:
+        return min(self.shard.next_deadline(), self._log_at)
+
+    def _note(self, changes: list[SlotChange]) -> None:
+        for change in changes:
+            if isinstance(change, SlotGained):
+                self._unlogged[0] += 1
+            else:
+                self._unlogged[1 + change.resigned] += 1
+        if self._log_at == math.inf:
+            self._log_at = max(self._clock.now(), self._logged_at + LOG_EVERY)
+
+    def _log(self) -> None:
+        gained, lost, resigned = self._unlogged
+        now = self._clock.now()
         log.info(
-            "Slots: %d gained, %d lost (%d resigned); acting for %d now.",
-            len(gained),
-            len(lost),
+            "Slots: %d gained, %d lost, %d resigned; acting for %d now.",
+            gained,
+            lost,
             resigned,
-            acting,
+            len(self.shard.ownership.acting_slots(now)),
         )
+        self._unlogged = [0, 0, 0]
+        self._logged_at, self._log_at = now, math.inf

@@ -136,7 +136,7 @@ def test_a_node_that_wakes_from_a_freeze_acts_for_nothing_it_held_until_it_wins_
         frozen.signal(signal.SIGCONT)
     wait_until(lambda: gauge(frozen, "sluicegate_slots_acting") == acting_before, 15, "back")
     woken = frozen.log()[logged_before:].split("Slots: ")[1:]  # its slot changes since
-    assert woken[0].startswith(f"0 gained, {acting_before} lost (0 resigned); acting for 0")
+    assert woken[0].startswith(f"0 gained, {acting_before} lost, 0 resigned; acting for 0")
     assert is_ready(frozen.url)
     # The holder kept A through it all, and the waiter gets it once the holder lets go.
     assert all(remainder(node, "A") == 0 for node in cluster.values())
