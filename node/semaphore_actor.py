@@ -39,6 +39,25 @@ NOT_YET = AcquireOutcome(False)
 Answered = Callable[[object, BaseException | None], None]
 
 
+async def answer(
+    submit: Callable[[list[tuple[Operation, Answered]]], None], op: Operation
+) -> object:
+    """Submit `op` to an actor (its `submit`) and wait for the answer, raising its error."""
+    done = trio.Event()
+    outcome: list = []
+
+    def answered(result: object, error: BaseException | None) -> None:
+        outcome.append((result, error))
+        done.set()
+
+    submit([(op, answered)])
+    await done.wait()
+    result, error = outcome[0]
+    if error is not None:
+        raise error
+    return result
+
+
 class _Request:
     __slots__ = ("op", "answered", "finished")
 
@@ -86,19 +105,7 @@ class SemaphoreActor:
 
     async def call(self, op: Operation) -> object:
         """Apply `op` and return its answer (once decided), raising its `SemaphoreError`."""
-        done = trio.Event()
-        outcome: list = []
-
-        def answered(result: object, error: BaseException | None) -> None:
-            outcome.append((result, error))
-            done.set()
-
-        self.submit([(op, answered)])
-        await done.wait()
-        result, error = outcome[0]
-        if error is not None:
-            raise error
-        return result
+        return await answer(self.submit, op)
 
     def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
         """Apply each operation now, in order; each callback gets its result or its

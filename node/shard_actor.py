@@ -21,13 +21,11 @@ from sluicegate.cluster.semaphore_ops import Operation
 from sluicegate.cluster.shard import Shard, SlotChange, SlotGained
 
 from .clock import TRIO_CLOCK, Clock
+from .semaphore_actor import Answered, answer
 
 log = logging.getLogger("sluicegate.slots")
 # Slot changes are logged as one line at most this often (a change of members moves dozens).
 LOG_EVERY = 1.0
-
-# Called with (result, None) or (None, error) when a submitted request is answered.
-Answered = Callable[[object, BaseException | None], None]
 
 
 class ShardActor:
@@ -72,19 +70,7 @@ class ShardActor:
 
     async def call(self, op: Operation) -> object:
         """Apply `op` and return its answer, raising its error."""
-        done = trio.Event()
-        outcome: list = []
-
-        def answered(result: object, error: BaseException | None) -> None:
-            outcome.append((result, error))
-            done.set()
-
-        self.submit([(op, answered)])
-        await done.wait()
-        result, error = outcome[0]
-        if error is not None:
-            raise error
-        return result
+        return await answer(self.submit, op)
 
     def deliver(self, sender: str, message: object) -> None:
         """A message from node `sender`: applied now, flushed by the actor's task when the
@@ -134,10 +120,10 @@ class ShardActor:
     def _after(self) -> None:
         self._unflushed = False
         shard = self.shard
-        for answer in shard.answers():
-            answered = self._waiting.pop(answer.request_id, None)
+        for done in shard.answers():
+            answered = self._waiting.pop(done.request_id, None)
             if answered is not None:
-                answered(answer.result, answer.error)
+                answered(done.result, done.error)
         for member, message in shard.outbox():
             self._send(member, message)
         changes = shard.slot_changes()
