@@ -6,6 +6,7 @@ which then expired there)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import urllib.error
@@ -109,6 +110,18 @@ def release(node: NodeProcess, peer: int, semaphore: str) -> None:
         pass
 
 
+CHANGES = ("gained", "lost", "resigned")
+
+
+def all_logged(node: NodeProcess) -> bool:
+    """Has `node` logged every slot change its `sluicegate_slots_changed` counters hold?"""
+    logged = [0, 0, 0]
+    for line in re.findall(r"Slots: (\d+) gained, (\d+) lost, (\d+) resigned", node.log()):
+        logged = [total + int(count) for total, count in zip(logged, line, strict=True)]
+    counted = [gauge(node, "sluicegate_slots_changed_total", change=change) for change in CHANGES]
+    return logged == counted
+
+
 def test_a_node_that_wakes_from_a_freeze_acts_for_nothing_it_held_until_it_wins_it_back(cluster):
     """Chaos seeds 3 and 4 (before slot ownership): a node paused longer than `down_after` woke
     with its old state, and granted from its old queues while others served its peers. Now
@@ -123,6 +136,8 @@ def test_a_node_that_wakes_from_a_freeze_acts_for_nothing_it_held_until_it_wins_
     assert acquire(others[0], holder, "A") is True
     acting_before = int(gauge(frozen, "sluicegate_slots_acting"))
     assert acting_before > 0
+    # Slot changes are logged once a second at most: let the last ones out before the freeze.
+    wait_until(lambda: all_logged(frozen), 5, "the frozen node's slot changes to be logged")
     logged_before = len(frozen.log())
     frozen.signal(signal.SIGSTOP)
     try:
