@@ -7,26 +7,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluicegate.cluster import peers, rate_limits, semaphore_leases
+from sluicegate.cluster import ownership, peers, rate_limits, semaphore_leases
 
 
-def fencing_counter_stays_on_takeover() -> None:
-    """A new owner goes on counting tokens from its own counter, not above its predecessor's."""
-    merge = semaphore_leases.SemaphoreLeases.merge
+def tokens_restart_on_takeover() -> None:
+    """A new owner of a semaphore counts fencing tokens from the start of the era, not on from
+    the counter its predecessor committed."""
+    load = semaphore_leases.SemaphoreLeases.load
 
-    def merge_keeping_the_counter(self, records, now, epoch, names):
-        names = list(names)
-        counters = {name: self._semaphores[name].next_token for name in names}
-        merge(self, records, now, epoch, names)
-        for name, counter in counters.items():
-            self._semaphores[name].next_token = counter
+    def load_without_the_counter(self, records, now, epoch):
+        load(self, records, now, epoch)
+        for record in records:
+            self._semaphores[record.name].next_token = epoch << semaphore_leases.TOKEN_EPOCH_SHIFT
 
-    semaphore_leases.SemaphoreLeases.merge = merge_keeping_the_counter
+    semaphore_leases.SemaphoreLeases.load = load_without_the_counter
 
 
-def grace_period_ignored() -> None:
-    """A new owner grants at once, before the holders' homes have re-asserted their locks."""
-    semaphore_leases.SemaphoreLeases.start_grace = lambda self, until, names=None: None
+def adopt_any_copy() -> None:
+    """A new owner of a slot starts from the copy of whichever acceptor promised first, not
+    from the latest copy its quorum holds."""
+    ownership.latest = lambda promises: next(iter(promises), None)
+
+
+def lease_overrun() -> None:
+    """An owner acts on a slot for three leases past its quorum's last confirmation, not one:
+    cut off or paused, it goes on granting after the others may have taken the slot."""
+    init = ownership.Ownership.__init__
+
+    def init_overrunning(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.usable_lease *= 3
+
+    ownership.Ownership.__init__ = init_overrunning
+
+
+def stale_ticket_accepted() -> None:
+    """An owner applies a release whatever ticket it quotes: one that waited on a link, or came
+    twice, drops the peer's newer lock."""
+    release = semaphore_leases.SemaphoreLeases.release
+
+    def release_any(self, peer_id, semaphore, ticket=None):
+        release(self, peer_id, semaphore, None)
+
+    semaphore_leases.SemaphoreLeases.release = release_any
 
 
 def expiry_early() -> None:
@@ -56,15 +79,15 @@ def fifo_skipped_for_small_counts() -> None:
     wait before it: the fit test leaves the waiters out for the smallest requests."""
     request = semaphore_leases.SemaphoreLeases.request
 
-    def request_small_first(self, peer_id, semaphore, count, now, ticket=0, provisional=False):
+    def request_small_first(self, peer_id, semaphore, count, now, ticket=0):
         sem = self._semaphore(semaphore)
-        new = peer_id not in sem.holders and peer_id not in sem.queue
+        new = peer_id not in sem.tickets
         if count == 1 and new and sem.grace_until is None and sem.acquired + count <= sem.max:
             self._hold(sem, peer_id, count)
             sem.tickets[peer_id] = ticket
             self._in_use.add(sem.name)
             return True
-        return request(self, peer_id, semaphore, count, now, ticket, provisional)
+        return request(self, peer_id, semaphore, count, now, ticket)
 
     semaphore_leases.SemaphoreLeases.request = request_small_first
 
@@ -74,12 +97,12 @@ def duplicated_grant_on_retry() -> None:
     granted is granted again: its count is added to the semaphore once more."""
     request = semaphore_leases.SemaphoreLeases.request
 
-    def request_granting_again(self, peer_id, semaphore, count, now, ticket=0, provisional=False):
+    def request_granting_again(self, peer_id, semaphore, count, now, ticket=0):
         sem = self._semaphore(semaphore)
         if sem.holders.get(peer_id) == count and sem.tickets.get(peer_id) == ticket:
             self._hold(sem, peer_id, count)
             return True
-        return request(self, peer_id, semaphore, count, now, ticket, provisional)
+        return request(self, peer_id, semaphore, count, now, ticket)
 
     semaphore_leases.SemaphoreLeases.request = request_granting_again
 
@@ -91,8 +114,10 @@ def rate_retry_decided_again() -> None:
 
 
 PLANTED: dict[str, Callable[[], None]] = {
-    "fencing-counter-stays-on-takeover": fencing_counter_stays_on_takeover,
-    "grace-period-ignored": grace_period_ignored,
+    "tokens-restart-on-takeover": tokens_restart_on_takeover,
+    "adopt-any-copy": adopt_any_copy,
+    "lease-overrun": lease_overrun,
+    "stale-ticket-accepted": stale_ticket_accepted,
     "expiry-early": expiry_early,
     "gossip-merged-by-sum": gossip_merged_by_sum,
     "fifo-skipped-for-small-counts": fifo_skipped_for_small_counts,
