@@ -23,7 +23,7 @@ cluster: $(INSTALLED) haproxy
 test: $(INSTALLED) haproxy
 	$(BIN)/python -m pytest
 
-# deep: a long simulation sweep (about an hour on 2 cores): 3,000 seeds of three nodes and 1,000
+# deep: a long simulation sweep (about three hours on 2 cores): 3,000 seeds of three nodes and 1,000
 # of five, in two processes, with the availability probe, from a random first seed that it prints
 # before anything runs. Fails if any seed fails, and prints how to replay each. Options go through
 # DEEP_ARGS: `make deep DEEP_ARGS="--first 123456789"` runs a sweep again, "--with skew,freeze"
