@@ -477,8 +477,12 @@ class Ownership:
         self.tick(now)
 
     def _designate(self) -> None:
-        """Name a live member for each slot: the ring over those not recovering."""
-        self._ring_owners = slot_owners(Ring(self._live.keys() - self._recovering))
+        """Name a live member for each slot: the ring over those not recovering (this node
+        too, while it recovers: what it is asked meanwhile goes to those that can act)."""
+        named = self._live.keys() - self._recovering
+        if not self.ready and named - {self.me}:
+            named -= {self.me}
+        self._ring_owners = slot_owners(Ring(named))
         # Only a quorum of live members can take a slot: alone, this node names itself for
         # every slot, and would ask for all of them in vain.
         before = set(self._mine)
@@ -749,7 +753,7 @@ class Ownership:
             self._seen[slot] = max(self._seen[slot], acceptor.promised)
         self._recovery = None
         self.ready = True
-        self._deadline = None
+        self._designate()
         self._events.append(Ready(era, cold=False))
 
     def _on_cold_answer(self, sender: str, answer: ColdAnswer, now: float) -> None:
@@ -769,7 +773,6 @@ class Ownership:
         # The members of a cold start become ready with this node; one that does not will
         # send `Recover` again.
         self._recovering.clear()
-        self._designate()
         self.era = era
         for slot, acceptor in enumerate(self._acceptors):
             acceptor.promised = self._floor()
@@ -777,6 +780,7 @@ class Ownership:
             self._seen[slot] = max(self._seen[slot], acceptor.promised)
         self._recovery = None
         self.ready = True
+        self._designate()
         self._deadline = None
         self._events.append(Ready(era, cold=cold))
 

@@ -142,7 +142,9 @@ def test_a_restarted_node_recovers_the_era_and_what_its_old_life_held():
 def test_a_node_back_from_a_crash_before_its_leases_ended_does_not_keep_its_slots_unserved():
     """Its new life recovers for a lease and more (it waits out its old leases first), and the
     others hear from it all along: they still take its slots as soon as its old leases end,
-    since a recovering member is named for no slot; it takes them back once ready."""
+    since a recovering member is named for no slot; it takes them back once ready. Meanwhile
+    it sends what it is asked for those slots to the members acting for them (seed 319419215:
+    it refused heartbeats itself, and a lease ran out)."""
     model = Model(11)
     model.run_until(5.0)
     n2_slots = set(model.lives["n2"].core.acting_slots(model.lives["n2"].local(model.t)))
@@ -153,6 +155,15 @@ def test_a_node_back_from_a_crash_before_its_leases_ended_does_not_keep_its_slot
     model.run_until(5.0 + LEASE * (1 + 2 * DRIFT) + 0.2)
     assert not model.lives["n2"].core.ready
     assert model.serving() == [], "the others act for every slot of n2's old life"
+    actors = {
+        slot: name
+        for name, life in model.lives.items()
+        for slot in life.core.acting_slots(life.local(model.t))
+    }
+    n2 = model.lives["n2"]
+    assert {slot: n2.core.actor_of(slot, n2.local(model.t)) for slot in n2_slots} == {
+        slot: actors[slot] for slot in n2_slots
+    }
     model.run_until(12.0)
     life = model.lives["n2"]
     assert life.core.ready and life.core.serves_share(life.local(model.t))
