@@ -24,7 +24,7 @@ CAUGHT = {
     "stale-ticket-accepted": (85, r"\[max\] [\d.]+: B held \d+ > max 3"),
     "expiry-early": (24, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (11, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
-    "fifo-skipped-for-small-counts": (0, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
+    "fifo-skipped-for-small-counts": (1, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
     "duplicated-grant-on-retry": (1, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
     "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
 }
