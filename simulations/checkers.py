@@ -45,7 +45,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
         *tokens_rise(history),
         *fenced_writes(history),
         *fifo(history, quiet),
-        *rate_retries_once(history),
+        *rate_retries_once(history, config),
         *rate_limits(history, config, quiet),
         *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
         *[
@@ -262,20 +262,23 @@ def fifo(history: History, quiet: list[tuple[float, float]]) -> list[str]:
     return violations
 
 
-def rate_retries_once(history: History) -> list[str]:
+def rate_retries_once(history: History, config: NodeConfig) -> list[str]:
     """A rate-limit request that went takes effect once: every later answer to it (the same
     retry id: the client asked again after a lost connection, or the network repeated it) is
     that go, with the same `remaining`. Decided again, a retry would go with less remaining, or
-    be sorry."""
+    be sorry. In gossip mode only the node that decided remembers: a retry through another
+    node is decided there anew (docs/rate_limits.md), and counted as a go of its own."""
     violations = []
-    first_go: dict[int, tuple[int, object]] = {}
+    first_go: dict[tuple[int, str], tuple[int, object]] = {}
     answered = sorted((s for s in history.rate if s.goes), key=lambda s: s.answered)
     for send in answered:
+        per_node = config.rate_limits[send.limiter].mode == "gossip"
         for retry_id, go, remaining in zip(send.retry_ids, send.goes, send.remaining, strict=True):
-            first = first_go.get(retry_id)
+            decision = (retry_id, send.node if per_node else "")
+            first = first_go.get(decision)
             if first is None:
                 if go:
-                    first_go[retry_id] = (remaining, send)
+                    first_go[decision] = (remaining, send)
                 continue
             if not go or remaining != first[0]:
                 then = first[1]
@@ -316,7 +319,7 @@ def rate_limits(
     for (limiter, key), mine in _group(sends).items():
         settings = limiters[limiter]
         limit, window = settings.limit, settings.window
-        certain = _certain_goes(mine, window)
+        certain = _certain_goes(mine, window, per_node=settings.mode == "gossip")
         if settings.mode == "exact":
             for index, goes in sorted(certain.items()):
                 start = index * window
@@ -358,22 +361,25 @@ def _group(sends) -> dict[tuple[str, str], list]:
     return groups
 
 
-def _certain_goes(sends, window: float) -> dict[int, list[_Go]]:
+def _certain_goes(sends, window: float, per_node: bool) -> dict[int, list[_Go]]:
     """Goes by window, for those whose request was sent and answered within one window. A
     request that went is counted once, by its first answer (`rate_retries_once` checks that
-    its repeats were answered with that go), as decided after its first try was sent."""
-    first_sent: dict[int, float] = {}
+    its repeats were answered with that go), as decided after its first try was sent; once per
+    node that decided it, `per_node` (gossip mode: a retry elsewhere is decided anew)."""
+    first_sent: dict[tuple[int, str], float] = {}
     for send in sends:
         for retry_id in send.retry_ids:
-            first_sent[retry_id] = min(send.sent, first_sent.get(retry_id, send.sent))
+            decision = (retry_id, send.node if per_node else "")
+            first_sent[decision] = min(send.sent, first_sent.get(decision, send.sent))
     windows: dict[int, list[_Go]] = defaultdict(list)
-    went: set[int] = set()
+    went: set[tuple[int, str]] = set()
     for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
         for order, (go, retry_id) in enumerate(zip(send.goes, send.retry_ids, strict=True)):
-            if not go or retry_id in went:
+            decision = (retry_id, send.node if per_node else "")
+            if not go or decision in went:
                 continue
-            went.add(retry_id)
-            sent = first_sent[retry_id]
+            went.add(decision)
+            sent = first_sent[decision]
             index = math.floor(sent / window)
             if math.floor(send.answered / window) == index:
                 windows[index].append(_Go(send.node, send.n, sent, send.answered, id(send), order))
