@@ -289,10 +289,11 @@ class Client:
                 failure = error
 
     def _leave(self, connection: Connection | None) -> None:
-        """Leave the node of `connection` for the next one (if no other call did already)."""
+        """Leave the node of `connection` for the next one (if no other call did already); its
+        heartbeats on their way still wait for their answers there."""
         if connection is not None and connection is self._connection and not connection.closed:
             self._nodes.skip(trio.current_time())
-            connection.abandon()
+            connection.retire()
 
     async def _restore(self, peer: Peer) -> None:
         _, sent_at = await self._renewing(None, self._session.restore, peer)

@@ -27,11 +27,13 @@ _BROKEN = (WebSocketClosed, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class _Slot:
-    __slots__ = ("request_id", "answer", "sleeper")
+    __slots__ = ("request_id", "answer", "sleeper", "lost")
 
     def __init__(self, request_id: int) -> None:
         self.request_id = request_id
         self.answer: dict | None = None
+        # Given up with the connection retired (`Connection.retire`): the caller asks elsewhere.
+        self.lost = False
         # The caller's task while it sleeps; woken when the answer came, or when it is to read
         # the socket for everyone. (trio's parking primitives: an Event each costs more.)
         self.sleeper: trio.lowlevel.Task | None = None
@@ -67,6 +69,10 @@ class Connection:
         # Callers asleep while another reads, the longest asleep first (some may be answered).
         self._sleepers: deque[_Slot] = deque()
         self._broken = False
+        self._retired = False
+        # The slot of the caller reading the socket, and the scope of its read.
+        self._reader: _Slot | None = None
+        self._read_scope: trio.CancelScope | None = None
         # Heartbeats on their way on this connection: request id -> when sent.
         self._beats: dict[int, float] = {}
         self.frames_sent = 0
@@ -74,7 +80,7 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._broken or self._ws.closed is not None
+        return self._broken or self._retired or self._ws.closed is not None
 
     @classmethod
     async def open(
@@ -99,7 +105,7 @@ class Connection:
 
     async def call(self, request: dict) -> object:
         """Send `request` and wait for its answer; its result, or the error it carries."""
-        if self._broken:  # (the client asks `closed` first; a socket closed since fails at send)
+        if self._broken or self._retired:  # (the client asks `closed` first)
             raise ConnectionLost("the connection is closed")
         slot = self._waiting[request["id"]] = _Slot(request["id"])
         self._outbox.append(request)
@@ -111,7 +117,7 @@ class Connection:
                 await self._send_alone()
             else:
                 self._ready.set()
-            while slot.answer is None and not self._broken:
+            while slot.answer is None and not self._broken and not slot.lost:
                 if self._reading:
                     self._sleepers.append(slot)
                     slot.sleeper = trio.lowlevel.current_task()
@@ -124,6 +130,8 @@ class Connection:
             if not self._reading:
                 # This caller may have been handed reading just as it was cancelled.
                 self._hand_over_reading()
+            if self._retired and not self._beats and not self._broken:
+                self.abandon()
         if slot.answer is None:
             raise ConnectionLost(f"the connection to {self.node} broke")
         if "error" in slot.answer:
@@ -144,6 +152,24 @@ class Connection:
         background."""
         self._fail_all()
         self._nursery.start_soon(trio.aclose_forcefully, self._ws)
+
+    def retire(self) -> None:
+        """Leave the connection for new calls, and its calls on their way (they get
+        `ConnectionLost`, and go to another node), but its heartbeats: they wait for their
+        answers (each until its peer may expire), and then it closes. A node that is slow
+        rather than stopped may answer a renewal just after the client gave up on it, and a
+        beat sent again elsewhere takes as long to reach the same home."""
+        if not self._beats:
+            self.abandon()
+            return
+        self._retired = True
+        self._outbox = [request for request in self._outbox if request["id"] in self._beats]
+        for slot in self._waiting.values():
+            if slot.request_id not in self._beats:
+                slot.lost = True
+                slot.wake()
+        if self._reader is not None and self._reader.lost and self._read_scope is not None:
+            self._read_scope.cancel()
 
     async def _send_loop(self) -> None:
         while not self._broken:
@@ -222,10 +248,13 @@ class Connection:
 
     async def _read_until(self, slot: _Slot) -> None:
         """Read answer frames, waking whoever they answer, until `slot` is answered."""
-        self._reading = True
+        self._reading, self._reader = True, slot
         try:
-            while slot.answer is None:
-                frame = await self._ws.get_message()
+            while slot.answer is None and not slot.lost:
+                with trio.CancelScope() as self._read_scope:
+                    frame = await self._ws.get_message()
+                if self._read_scope.cancelled_caught:
+                    break
                 for answer in msgpack.unpackb(frame, strict_map_key=False):
                     if self._groups and answer.get("id") in self._groups:
                         self._answer_group(answer)
@@ -237,7 +266,7 @@ class Connection:
         except _BROKEN:
             self._fail_all()
         finally:
-            self._reading = False
+            self._reading, self._reader, self._read_scope = False, None, None
             self._hand_over_reading()
 
     def _answer_group(self, answer: dict) -> None:
