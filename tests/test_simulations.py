@@ -119,6 +119,13 @@ def test_seeds_that_once_failed_pass(tmp_path):
     assert failed_seeds(done.stdout) == OPEN & set(beyond), done.stdout
 
 
+def test_five_node_seeds_that_once_failed_pass():
+    listed = ROOT / "simulations" / "regressions-five.txt"
+    done = simulate("--seeds-from", str(listed), "--nodes", "5", "--hashes", timeout=600)
+    assert len(hashes(done.stdout)) == len(read_seeds(listed))
+    assert failed_seeds(done.stdout) == set(), done.stdout
+
+
 def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same():
     # Seed 18 enables both (and both fire); the availability probe reports the freeze.
     args = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
