@@ -22,8 +22,8 @@ REPLAYED = 10
 SEEDS_OF_FIVE = 20
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
-# diagnosed in simulations/regressions.txt, until it is fixed.
-OPEN: set[int] = set()
+# diagnosed in simulations/regressions.txt (or regressions-five.txt), until it is fixed.
+OPEN: set[int] = {497871340}
 
 
 def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
@@ -123,7 +123,7 @@ def test_five_node_seeds_that_once_failed_pass():
     listed = ROOT / "simulations" / "regressions-five.txt"
     done = simulate("--seeds-from", str(listed), "--nodes", "5", "--hashes", timeout=600)
     assert len(hashes(done.stdout)) == len(read_seeds(listed))
-    assert failed_seeds(done.stdout) == set(), done.stdout
+    assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
 
 
 def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same():
