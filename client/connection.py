@@ -250,19 +250,19 @@ class Connection:
         """Read answer frames, waking whoever they answer, until `slot` is answered."""
         self._reading, self._reader = True, slot
         try:
-            while slot.answer is None and not slot.lost:
-                with trio.CancelScope() as self._read_scope:
+            # `retire` cancels a reader whose call it gave up; only the read awaits, so no frame
+            # is left half handled.
+            with trio.CancelScope() as self._read_scope:
+                while slot.answer is None and not slot.lost:
                     frame = await self._ws.get_message()
-                if self._read_scope.cancelled_caught:
-                    break
-                for answer in msgpack.unpackb(frame, strict_map_key=False):
-                    if self._groups and answer.get("id") in self._groups:
-                        self._answer_group(answer)
-                        continue
-                    waiting = self._waiting.get(answer.get("id"))
-                    if waiting is not None:
-                        waiting.answer = answer
-                        waiting.wake()
+                    for answer in msgpack.unpackb(frame, strict_map_key=False):
+                        if self._groups and answer.get("id") in self._groups:
+                            self._answer_group(answer)
+                            continue
+                        waiting = self._waiting.get(answer.get("id"))
+                        if waiting is not None:
+                            waiting.answer = answer
+                            waiting.wake()
         except _BROKEN:
             self._fail_all()
         finally:
