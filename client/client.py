@@ -11,7 +11,8 @@ requests share frames. Peers heartbeat at a third of their expiry, and a peer a 
 restored with exactly the locks it holds. If no node confirms a peer's heartbeat before the peer
 could expire, its leases are lost: the body of each of its `async with client.lock()` is
 cancelled and `LeaseLost` raised from it, and `lease.lost` is set. A node that keeps answering
-`unavailable` (it is cut off from the majority, or still taking over) is left for the next URL.
+`unavailable` is left for the next URL: after half a second if it is cut off from most members,
+after the takeover bound its answer gives if it is not (`client/recovery.py`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ the next node, or give up. `now` comes in; the waits come out; `client/client.py
   `BACKOFF_FIRST` to `BACKOFF_MAX`, jittered (0.5 to 1.5 times) so that many clients do not
   come back in step, until `patience` seconds after the first try; then `Unavailable`.
 * A node that answers `unavailable` for `MOVE_AFTER` seconds is left for the next node: it may be
-  cut off from the others (who serve), or not act for the slot the call needs yet.
+  cut off from the others (who serve), or not act for the slot the call needs yet. A node that
+  reaches a quorum says so: its 503 carries `retry_here_for`, the longest a lost slot takes to
+  get a new owner, and the call stays that long. Leaving it for a node of a minority, and then
+  passing it over for `AVOID_FOR`, could outlast a lease the call is renewing.
 * Connecting tries the node URLs in turn, staying with one that works, and passing over those
   left in the last `AVOID_FOR` seconds while others are not; after a whole round with none
   answering it waits (the same backoff), and gives up at the same deadline.
@@ -110,7 +113,7 @@ class CallRecovery:
         elif self._unavailable_since is None or node is not self._unavailable_from:
             self._unavailable_since = now
             self._unavailable_from = node
-        elif now >= self._unavailable_since + MOVE_AFTER:
+        elif now >= self._unavailable_since + max(MOVE_AFTER, failure.retry_here_for):
             self._unavailable_since = None
             return Retry(self._backoff.wait(), elsewhere=True)
         return Retry(self._backoff.wait())

@@ -41,6 +41,8 @@ class Unavailable(SluicegateError):
     """No node could serve the request (all unreachable, joining, or without a majority)."""
 
     code = "unavailable"
+    # From a node that reaches a quorum: how long its 503s may go on before it serves.
+    retry_here_for = 0.0
 
 
 class LockTimeout(SluicegateError):
@@ -79,6 +81,9 @@ def error_from(answer: dict) -> SluicegateError:
     cls = _ERRORS.get(answer.get("error"), RequestRefused)
     error = cls(answer.get("message") or answer.get("error") or "refused")
     error.code = answer.get("error", cls.code)
+    retry_here_for = answer.get("retry_here_for")
+    if isinstance(error, Unavailable) and isinstance(retry_here_for, int | float):
+        error.retry_here_for = float(retry_here_for)
     return error
 
 

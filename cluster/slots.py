@@ -20,6 +20,14 @@ DRIFT = 0.02
 STRETCH = 1 + 2 * DRIFT
 
 
+def takeover_bound(down_after: float, lease: float) -> float:
+    """How long a slot can go without an acting owner after its owner is lost, seen from a member
+    that reaches a quorum: the others count the owner down after `down_after`, the lease
+    promises it holds run out within `lease` on a clock up to DRIFT slow, and the next owner's
+    prepare and first write take a round trip or two (half a lease, with room)."""
+    return max(down_after, lease * (1 + DRIFT) / (1 - DRIFT)) + lease / 2
+
+
 @dataclass(frozen=True, order=True, slots=True)
 class Ballot:
     """One term of a slot's ownership: `era` (the cluster's cold start it belongs to), then

@@ -75,6 +75,9 @@ class LocalSemaphores:
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
 
+    def retry_here_for(self) -> float:
+        return 0.0
+
 
 class ClusterSemaphores:
     def __init__(
@@ -83,13 +86,17 @@ class ClusterSemaphores:
         membership: MembershipActor,
         rpc: Rpc,
         *,
+        takeover: float,
         clock: Clock = TRIO_CLOCK,
     ) -> None:
+        """`takeover`: how long a slot can go without an acting owner, seen from a member that
+        reaches a quorum (`cluster.slots.takeover_bound`)."""
         self._actor = actor
         self._shard = actor.shard
         self._membership = membership
         self._rpc = rpc
         self._clock = clock
+        self._takeover = takeover
         self._members: tuple | None = None
         self.forwarded = 0
 
@@ -130,6 +137,12 @@ class ClusterSemaphores:
             return await self._rpc.call(target, op, timeout)
         except NotServing as error:
             raise Unavailable(error.reason) from None
+
+    def retry_here_for(self) -> float:
+        """How long a client should go on asking this node through its 503s: while it hears of
+        most members, whatever it cannot serve gets an acting owner it can reach within the
+        takeover bound; cut off from most, 0 (its clients had better move on)."""
+        return self._takeover if self._membership.reaches_majority() else 0.0
 
     def serves_here(self, op: Operation) -> bool:
         """Is `op` served by this node's own actor (else `call` forwards it)?"""

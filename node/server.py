@@ -17,6 +17,7 @@ from sluicegate.cluster.ownership import Ownership
 from sluicegate.cluster.rate_limits import RateEvents, RateHandover, RateLimits, RateOperation
 from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import Shard
+from sluicegate.cluster.slots import takeover_bound
 
 from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
@@ -211,7 +212,13 @@ async def join_cluster(
         on_slot_changes=rate_limits.slots_changed,
         clock=clock,
     )
-    semaphores = ClusterSemaphores(shard_actor, membership_actor, rpc, clock=clock)
+    semaphores = ClusterSemaphores(
+        shard_actor,
+        membership_actor,
+        rpc,
+        takeover=takeover_bound(cluster.down_after, ownership.lease),
+        clock=clock,
+    )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id
     rate_limits.join_cluster(ownership, membership_actor, rpc, links)

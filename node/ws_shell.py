@@ -128,7 +128,7 @@ class WsConnection:
             else:
                 answer = protocol.decisions(item.request_id, self._rate_limits.checks_here(item.op))
         except (RateLimitError, Unavailable) as failure:
-            answer = protocol.domain_error(item.request_id, failure)
+            answer = self._refusal(item.request_id, failure)
         self._answers.append(answer)
         return True
 
@@ -146,10 +146,19 @@ class WsConnection:
             if failure is None:
                 self._answer(protocol.ok(request_id, result))
             else:
-                self._answer(protocol.domain_error(request_id, failure))
+                self._answer(self._refusal(request_id, failure))
             self._in_flight.release()
 
         return answered
+
+    def _refusal(self, request_id: int, failure: Exception) -> dict:
+        """The error answer; a 503 says how long to keep asking here (docs/protocol.md)."""
+        answer = protocol.domain_error(request_id, failure)
+        if answer["error"] == "unavailable":
+            retry_here_for = self._semaphores.retry_here_for()
+            if retry_here_for:
+                answer["retry_here_for"] = retry_here_for
+        return answer
 
     async def _serve(self, request: protocol.Request, call) -> None:
         """A request for another node, or a rate-limit wait: answered when done, like the rest."""

@@ -41,17 +41,6 @@ def lease_overrun() -> None:
     ownership.Ownership.__init__ = init_overrunning
 
 
-def stale_ticket_accepted() -> None:
-    """An owner applies a release whatever ticket it quotes: one that waited on a link, or came
-    twice, drops the peer's newer lock."""
-    release = semaphore_leases.SemaphoreLeases.release
-
-    def release_any(self, peer_id, semaphore, ticket=None):
-        release(self, peer_id, semaphore, None)
-
-    semaphore_leases.SemaphoreLeases.release = release_any
-
-
 def expiry_early() -> None:
     """A node expires a peer half a second before the expiry its client counts on."""
     set_expiry, add = peers.PeerTable._set_expiry, peers.PeerTable._add
@@ -117,7 +106,6 @@ PLANTED: dict[str, Callable[[], None]] = {
     "tokens-restart-on-takeover": tokens_restart_on_takeover,
     "adopt-any-copy": adopt_any_copy,
     "lease-overrun": lease_overrun,
-    "stale-ticket-accepted": stale_ticket_accepted,
     "expiry-early": expiry_early,
     "gossip-merged-by-sum": gossip_merged_by_sum,
     "fifo-skipped-for-small-counts": fifo_skipped_for_small_counts,

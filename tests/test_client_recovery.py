@@ -17,7 +17,7 @@ from sluicegate.client.recovery import (
     RestorePeer,
     Retry,
 )
-from sluicegate.client.session import RequestRefused, Unavailable, UnknownPeer
+from sluicegate.client.session import RequestRefused, Unavailable, UnknownPeer, error_from
 
 
 def test_a_forgotten_peer_is_restored_once_then_the_call_gives_up():
@@ -133,3 +133,29 @@ def test_unavailable_answers_count_per_node():
     assert not recovery.after(Unavailable("not served by n2 now"), MOVE_AFTER / 2, first).elsewhere
     assert not recovery.after(Unavailable("n2 went down"), 4.8, second).elsewhere
     assert recovery.after(Unavailable("n2 went down"), 4.8 + MOVE_AFTER, second).elsewhere
+
+
+def _unavailable(retry_here_for: float) -> Unavailable:
+    return error_from(
+        {"id": 1, "error": "unavailable", "message": "no", "retry_here_for": retry_here_for}
+    )
+
+
+def test_a_node_that_reaches_a_quorum_is_asked_as_long_as_it_says():
+    """A 503 with `retry_here_for` (the node hears of most members; the slot's owner is lost and
+    the majority takes it over) keeps the call there that long, not `MOVE_AFTER`: leaving it
+    for a node of the minority, and then passing it over, outlasted a lease (five-node seed
+    497871340)."""
+    assert _unavailable(4.5).retry_here_for == 4.5
+    assert Unavailable("no").retry_here_for == 0.0
+    recovery = CallRecovery(0.0, random.Random(8), has_peer=True)
+    node = object()
+    now = 0.0
+    while now < 4.5:
+        assert not recovery.after(_unavailable(4.5), now, node).elsewhere
+        now += 0.3
+    assert recovery.after(_unavailable(4.5), now, node).elsewhere
+    # The node cut off from most (it stopped saying so): left after `MOVE_AFTER`, as before.
+    recovery = CallRecovery(0.0, random.Random(8), has_peer=True)
+    assert not recovery.after(_unavailable(4.5), 0.0, node).elsewhere
+    assert recovery.after(_unavailable(0), MOVE_AFTER, node).elsewhere

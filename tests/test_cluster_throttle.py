@@ -15,6 +15,7 @@ import urllib.request
 from contextlib import contextmanager
 from datetime import timedelta
 
+import msgpack
 import pytest
 import trio
 from throttle_client import Client, PeerWithHeartbeat, lock
@@ -22,7 +23,7 @@ from throttle_client.client import UnknownPeer
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from sluicegate.cluster.ring import Ring, peer_key, semaphore_key
-from sluicegate.cluster.slots import SLOTS, member_for
+from sluicegate.cluster.slots import SLOTS, member_for, takeover_bound
 
 from .haproxy import HaproxyProcess
 from .nodes import NodeProcess, gauge, is_ready, wait_until
@@ -85,6 +86,21 @@ def fencing_token(url: str, peer_id: int, semaphore: str, count: int) -> int:
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         return int(response.headers["sluicegate-fencing-token"])
+
+
+def ws_answer(url: str, request: dict) -> dict:
+    """The answer of the node at `url` to one request over `/ws`."""
+
+    async def ask() -> dict:
+        with trio.fail_after(15):
+            async with open_websocket_url(f"ws://{url.split('//', 1)[1]}/ws") as ws:
+                await ws.send_message(msgpack.packb({"hello": 1}))
+                await ws.get_message()
+                await ws.send_message(msgpack.packb([dict(request, id=1)]))
+                [answer] = msgpack.unpackb(await ws.get_message())
+                return answer
+
+    return trio.run(ask)
 
 
 class RemainderSampler:
@@ -282,6 +298,29 @@ def test_a_node_cut_off_from_a_quorum_answers_503_until_the_others_are_back(clus
     assert via.is_acquired(holder.id) and via.remainder("C") == 3
     holder.stop_heartbeat()
     assert sum(gauge(n, "sluicegate_restores_beyond_max_total") for n in nodes.values()) == 0
+
+
+def test_a_503_over_ws_says_whether_the_node_reaches_a_quorum(cluster):
+    """A node that hears of most members adds `retry_here_for` to its 503, the longest its
+    request's slot takes to get a new owner: our client stays with it. A node cut off from most
+    adds nothing: the client moves on."""
+    nodes, _ = cluster
+    victim = owner(nodes, "A")
+    survivor, other = (n for n in nodes.values() if n is not victim)
+    remainder = {"op": "remainder", "semaphore": "A"}
+    victim.signal(signal.SIGSTOP)
+    try:
+        # Forwarded to the victim, and refused once the survivor counts it down.
+        answer = ws_answer(survivor.url, remainder)
+        assert answer["error"] == "unavailable"
+        assert answer["retry_here_for"] == pytest.approx(takeover_bound(1.0, 1.0))
+        other.signal(signal.SIGSTOP)
+        wait_until(lambda: not is_ready(survivor.url), 10, "the survivor holds no lease")
+        answer = ws_answer(survivor.url, remainder)
+        assert answer["error"] == "unavailable" and "retry_here_for" not in answer
+    finally:
+        for node in (victim, other):
+            node.signal(signal.SIGCONT)
 
 
 def test_restores_beyond_max_are_counted_at_the_owner(cluster):
