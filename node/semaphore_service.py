@@ -76,6 +76,7 @@ class LocalSemaphores:
         return await self._actor.stats()
 
     def retry_here_for(self) -> float:
+        """One node: no other member takes anything over."""
         return 0.0
 
 

@@ -274,7 +274,7 @@ def rate_retries_once(history: History, config: NodeConfig) -> list[str]:
     for send in answered:
         per_node = config.rate_limits[send.limiter].mode == "gossip"
         for retry_id, go, remaining in zip(send.retry_ids, send.goes, send.remaining, strict=True):
-            decision = (retry_id, send.node if per_node else "")
+            decision = _decision(retry_id, send, per_node)
             first = first_go.get(decision)
             if first is None:
                 if go:
@@ -361,6 +361,12 @@ def _group(sends) -> dict[tuple[str, str], list]:
     return groups
 
 
+def _decision(retry_id: int, send, per_node: bool) -> tuple[int, str]:
+    """What one decision of a rate-limit request is known by: its retry id, and in gossip mode
+    (`per_node`) the node that decided it, as a retry elsewhere is decided anew."""
+    return retry_id, send.node if per_node else ""
+
+
 def _certain_goes(sends, window: float, per_node: bool) -> dict[int, list[_Go]]:
     """Goes by window, for those whose request was sent and answered within one window. A
     request that went is counted once, by its first answer (`rate_retries_once` checks that
@@ -369,13 +375,13 @@ def _certain_goes(sends, window: float, per_node: bool) -> dict[int, list[_Go]]:
     first_sent: dict[tuple[int, str], float] = {}
     for send in sends:
         for retry_id in send.retry_ids:
-            decision = (retry_id, send.node if per_node else "")
+            decision = _decision(retry_id, send, per_node)
             first_sent[decision] = min(send.sent, first_sent.get(decision, send.sent))
     windows: dict[int, list[_Go]] = defaultdict(list)
     went: set[tuple[int, str]] = set()
     for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
         for order, (go, retry_id) in enumerate(zip(send.goes, send.retry_ids, strict=True)):
-            decision = (retry_id, send.node if per_node else "")
+            decision = _decision(retry_id, send, per_node)
             if not go or decision in went:
                 continue
             went.add(decision)

@@ -299,8 +299,8 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
         if probe is not None:
             await probe.stop()
         # Whole at the last heal, it may not be now: a cut shorter than `down_after` counts a
-        # member down just after the heal, from the silence it left (seed 743876974, five
-        # nodes). It must be whole again within the same limit.
+        # member down just after the heal, from the silence it left. It must be whole again
+        # within the same limit.
         with trio.move_on_after(RECOVERY_LIMIT):
             while not cluster.whole():
                 await trio.sleep(0.1)
