@@ -315,7 +315,11 @@ def test_a_503_over_ws_says_whether_the_node_reaches_a_quorum(cluster):
         assert answer["error"] == "unavailable"
         assert answer["retry_here_for"] == pytest.approx(takeover_bound(1.0, 1.0))
         other.signal(signal.SIGSTOP)
-        wait_until(lambda: not is_ready(survivor.url), 10, "the survivor holds no lease")
+        wait_until(
+            lambda: gauge(survivor, "sluicegate_slots_acting") == 0,
+            10,
+            "the survivor acts for no slot",
+        )
         answer = ws_answer(survivor.url, remainder)
         assert answer["error"] == "unavailable" and "retry_here_for" not in answer
     finally:
