@@ -38,6 +38,13 @@ lease = "3s"                      # an owner acts this long past its quorum's wo
 cold_start_grace = "0s"           # after a cold start of the whole cluster: restores only
 rate_gossip_interval = "50ms"     # how often rate limiters in gossip mode share their "go"s
 ```
+
+Bounds on what clients can make a node hold (README, "Limits"):
+
+```toml
+[limits]
+connections = 4096                # open connections; one more is answered 503 and closed
+```
 """
 
 from __future__ import annotations
@@ -81,11 +88,17 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    connections: int = 4096
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     semaphores: dict[str, SemaphoreConfig] = field(default_factory=dict)
     rate_limits: dict[str, RateLimiterConfig] = field(default_factory=dict)
     log_level: str | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 def parse_config(text: str, source: str = "<config>") -> NodeConfig:
@@ -98,6 +111,7 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
         rate_limits=_rate_limits(doc.get("rate_limits", {}), source),
         log_level=_log_level(doc.get("logging", {}), source),
         cluster=_cluster(doc.get("cluster", {}), source),
+        limits=_limits(doc.get("limits", {}), source),
     )
 
 
@@ -242,6 +256,20 @@ def _cluster(table: object, source: str) -> ClusterConfig:
         lease=_duration(table, "lease", None, source),
         cold_start_grace=_duration(table, "cold_start_grace", 0.0, source, zero_ok=True),
         rate_gossip_interval=_duration(table, "rate_gossip_interval", 0.05, source),
+    )
+
+
+def _limits(table: object, source: str) -> LimitsConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [limits] must be a table")
+    unknown = set(table) - set(LimitsConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"{source}: limits.{sorted(unknown)[0]} is not a limit")
+    defaults = LimitsConfig()
+    return LimitsConfig(
+        connections=_integer(
+            table.get("connections", defaults.connections), "limits.connections", source, (1, 10**7)
+        ),
     )
 
 

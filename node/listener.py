@@ -5,8 +5,11 @@ handshake of a client or of another node: trio-websocket serves it, with no ASGI
 the socket and the handler (hypercorn's costs about a seventh of a `/ws` round trip here; see
 bench/ws_semaphores.py). Every other connection is hypercorn's: the Throttle HTTP API, metrics,
 and any WebSocket handshake that comes later on a kept-alive connection (the ASGI app serves
-those too). Deciding needs the first bytes only, which are peeked at, not read, so whichever
-server takes the connection reads it from its start.
+those too). Deciding needs the first bytes only; they are read, waiting for each as for any
+other bytes, and then read again by whichever server takes the connection.
+
+The listener holds at most `max_connections` connections; one past that is answered 503 and
+closed at once, so that no number of idle sockets can use up the node's file descriptors.
 
 Hypercorn is driven through `TCPServer`, the class its own `serve` runs per connection, so the
 pinned hypercorn version matters (pyproject.toml).
@@ -15,7 +18,7 @@ pinned hypercorn version matters (pyproject.toml).
 from __future__ import annotations
 
 import logging
-import socket
+import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -43,6 +46,10 @@ CLOSE_TIMEOUT = 1.0
 # trio-websocket reads 4 KiB at a time by default; frames of up to 1 MiB want bigger reads.
 RECEIVE_BYTES = 65536
 
+# How long a refused connection is given to take its 503, and how often refusals are logged.
+REFUSAL_TIMEOUT = 1.0
+REFUSAL_LOG_INTERVAL = 10.0
+
 # Given a WebSocket's path, what serves it (None: refuse the handshake with 403).
 WebSocketRoute = Callable[[str], Callable[[WebSocketConnection], Awaitable[None]] | None]
 
@@ -53,6 +60,7 @@ async def serve(
     websocket_route: WebSocketRoute,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    max_connections: int = 4096,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `config.bind` until `shutdown_trigger` returns; then let connections finish for at
@@ -66,8 +74,9 @@ async def serve(
         binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
     context = WorkerContext(None)
     asgi = wrap_app(app, config.wsgi_max_body_size, None)
-    hypercorn = partial(TCPServer, asgi, config, context, ConnectionState({}))
-    connection = partial(_serve_connection, hypercorn, websocket_route)
+    hypercorn = partial(HttpConnection, asgi, config, context, ConnectionState({}))
+    connections = Connections(max_connections)
+    connection = partial(_serve_connection, connections, hypercorn, websocket_route)
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as accepting:
             accepting.start_soon(
@@ -81,12 +90,79 @@ async def serve(
         handlers.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
 
 
+class HttpConnection(TCPServer):
+    """Hypercorn's connection, closed as soon as its client has closed it: hypercorn's own keeps
+    the socket until its keep-alive timeout, so clients that connect and go away fast could hold
+    every connection the listener allows."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()
+        await self._close()
+
+
+class Connections:
+    """How many connections are open, against the most the listener holds."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        self._refusals_logged_at = -math.inf
+        self._refused_when_logged = 0
+
+    def refusal(self, now: float) -> bytes:
+        """The 503 for a connection past the limit (and a log line, at most every 10 s)."""
+        self.refused += 1
+        if now - self._refusals_logged_at >= REFUSAL_LOG_INTERVAL:
+            log.warning(
+                "%d connections open, the most this node holds ([limits] connections): "
+                "refused %d since the last such line.",
+                self.open,
+                self.refused - self._refused_when_logged,
+            )
+            self._refusals_logged_at = now
+            self._refused_when_logged = self.refused
+        body = (
+            f"Too many connections: this node holds at most {self.limit} at once "
+            "([limits] connections); retry."
+        ).encode()
+        return (
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+
+
 async def _serve_connection(
-    hypercorn: Callable[[trio.SocketStream], TCPServer],
+    connections: Connections,
+    hypercorn: Callable[[trio.abc.HalfCloseableStream], HttpConnection],
     websocket_route: WebSocketRoute,
-    stream: trio.SocketStream,
+    socket_stream: trio.SocketStream,
 ) -> None:
-    path = await _websocket_path(stream)
+    if connections.open >= connections.limit:
+        with trio.move_on_after(REFUSAL_TIMEOUT):
+            try:
+                await socket_stream.send_all(connections.refusal(trio.current_time()))
+            except trio.BrokenResourceError:
+                pass
+        await trio.aclose_forcefully(socket_stream)
+        return
+    stream = Accepted(socket_stream, connections)
+    try:
+        await _route(hypercorn, websocket_route, stream)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _route(
+    hypercorn: Callable[[trio.abc.HalfCloseableStream], HttpConnection],
+    websocket_route: WebSocketRoute,
+    stream: Accepted,
+) -> None:
+    try:
+        path = await stream.read_request_start()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return
     if path is None:
         await hypercorn(stream).run()
         return
@@ -112,24 +188,58 @@ async def _serve_connection(
     except* Exception:
         # A bug: it ends this connection, never the node.
         log.exception("A WebSocket to %s failed.", path)
-    finally:
-        await trio.aclose_forcefully(stream)
 
 
-async def _websocket_path(stream: trio.SocketStream) -> str | None:
-    """`/ws` or `/cluster` if the connection begins with a request for it, else None."""
-    with trio.move_on_after(FIRST_BYTES_TIMEOUT):
-        while True:
-            try:
-                first = await stream.socket.recv(_LONGEST, socket.MSG_PEEK)
-            except OSError:
-                return None
-            for prefix, path in WEBSOCKET_REQUESTS:
-                if first.startswith(prefix):
-                    return path
-            if not first or not any(prefix.startswith(first) for prefix, _ in WEBSOCKET_REQUESTS):
-                return None
-            # A request line split over packets: rare, so a short nap beats anything smarter
-            # (peeking again at once would spin).
-            await trio.sleep(0.001)
-    return None
+class Accepted(trio.abc.HalfCloseableStream):
+    """An accepted connection: counted among the open ones until its socket is closed (hypercorn
+    closes it before its own task ends), and read again from its start by whichever server
+    takes it after `read_request_start`."""
+
+    def __init__(self, stream: trio.SocketStream, connections: Connections) -> None:
+        self.stream = stream
+        # Hypercorn asks a plain connection's socket for the addresses of both ends.
+        self.socket = stream.socket
+        self._first = b""
+        self._connections: Connections | None = connections
+        connections.open += 1
+
+    async def read_request_start(self) -> str | None:
+        """`/ws` or `/cluster` if the connection begins with a request for it, else None.
+
+        Reads only as far as it takes to tell. A connection silent for `FIRST_BYTES_TIMEOUT`
+        is hypercorn's, whose own timeouts end it."""
+        with trio.move_on_after(FIRST_BYTES_TIMEOUT):
+            while len(self._first) < _LONGEST:
+                data = await self.stream.receive_some(_LONGEST - len(self._first))
+                if not data:
+                    return None
+                self._first += data
+                for prefix, path in WEBSOCKET_REQUESTS:
+                    if self._first.startswith(prefix):
+                        return path
+                if not any(prefix.startswith(self._first) for prefix, _ in WEBSOCKET_REQUESTS):
+                    return None
+        return None
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if not self._first:
+            return await self.stream.receive_some(max_bytes)
+        await trio.lowlevel.checkpoint()
+        size = len(self._first) if max_bytes is None else max_bytes
+        data, self._first = self._first[:size], self._first[size:]
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        if self._connections is not None:
+            self._connections.open -= 1
+            self._connections = None
+        await self.stream.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -40,6 +41,32 @@ log = logging.getLogger("sluicegate.node")
 GRACEFUL_TIMEOUT = 0.5
 # A stopping node hands its slots on for at most this long before it says goodbye.
 HAND_ON_TIMEOUT = 1.0
+# File descriptors kept for what is not a client's connection: node links, logs, the listener.
+FILES_KEPT = 256
+
+
+def connection_limit(wanted: int) -> int:
+    """Raise this process's soft limit of open files to its hard limit, and return how many
+    connections the listener may hold: `wanted`, or fewer if the files would run out first
+    (then accept() would fail for everyone, and no refusal could be sent)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or wanted <= soft - FILES_KEPT:
+        return wanted
+    usable = max(soft - FILES_KEPT, soft // 2)
+    log.warning(
+        "[limits] connections is %d, but this process may open only %d files: holding at most "
+        "%d connections (raise `ulimit -n`).",
+        wanted,
+        soft,
+        usable,
+    )
+    return usable
 
 
 async def run_node(
@@ -100,6 +127,7 @@ async def run_node(
                     hypercorn,
                     app.websocket_route,
                     shutdown_trigger=stopping.wait,
+                    max_connections=connection_limit(config.limits.connections),
                     task_status=task_status,
                 )
             )

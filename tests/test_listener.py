@@ -3,6 +3,8 @@ hypercorn, on real loopback sockets in this process."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 from hypercorn.config import Config
@@ -40,8 +42,7 @@ def route(path: str):
     return direct_echo if path == "/ws" else None
 
 
-@pytest.fixture
-async def port(nursery):
+async def start_listener(nursery, **options) -> tuple[int, trio.Event]:
     routed.clear()
     config = Config()
     config.bind = ["127.0.0.1:0"]
@@ -49,10 +50,16 @@ async def port(nursery):
     stop = trio.Event()
     binds = await nursery.start(
         lambda task_status: listener.serve(
-            asgi_app, config, route, shutdown_trigger=stop.wait, task_status=task_status
+            asgi_app, config, route, shutdown_trigger=stop.wait, task_status=task_status, **options
         )
     )
-    yield int(binds[0].rsplit(":", 1)[1])
+    return int(binds[0].rsplit(":", 1)[1]), stop
+
+
+@pytest.fixture
+async def port(nursery):
+    port, stop = await start_listener(nursery)
+    yield port
     stop.set()
 
 
@@ -137,6 +144,39 @@ async def test_a_connection_that_says_nothing_is_handed_to_hypercorn_in_the_end(
             received = b""
             while b"asgi" not in received:
                 received += await silent.receive_some(65536)
+
+
+async def test_connections_that_stop_mid_request_line_cost_no_cpu_while_they_wait(port):
+    with trio.fail_after(TIMEOUT):
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(100)]
+        for stream in idle:
+            await stream.send_all(b"GET /")  # could still become `GET /ws ` or `GET /cluster`
+        await trio.sleep(0.1)
+        cpu = time.process_time()
+        await trio.sleep(1.0)
+        # Re-reading what they sent every millisecond took a whole core here.
+        assert time.process_time() - cpu < 0.2
+        answer = await raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n", until=b"asgi")
+        assert answer.startswith(b"HTTP/1.1 200")
+        for stream in idle:
+            await stream.aclose()
+
+
+async def test_a_connection_past_the_limit_is_answered_503_and_closed(nursery):
+    port, stop = await start_listener(nursery, max_connections=3)
+    with trio.fail_after(TIMEOUT):
+        held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
+        await trio.sleep(0.1)
+        answer = await raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n", until=b"retry.")
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+        assert answer.endswith(b"holds at most 3 at once ([limits] connections); retry.")
+        await held.pop().aclose()
+        await trio.sleep(0.1)
+        answer = await raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n", until=b"asgi")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        for stream in held:
+            await stream.aclose()
+    stop.set()
 
 
 async def test_shutdown_ends_open_websockets_within_the_graceful_timeout(nursery):
