@@ -39,6 +39,7 @@ from .lock_messages import (
 )
 from .owner import Owner
 from .ownership import Gained, Lost, Ownership
+from .parked import ParkedAcquires
 from .peers import PeerRecord
 from .ring import peer_key, semaphore_key
 from .semaphore_leases import SemaphoreConfig, SemaphoreRecord, SemaphoreStats
@@ -87,15 +88,6 @@ SlotChange = SlotGained | SlotLost
 
 
 @dataclass
-class _Parked:
-    request_id: int
-    op: Acquire
-    deadline: float
-    # Parked only until the owner decides (no `block_for`): "queued" answers it.
-    undecided: bool
-
-
-@dataclass
 class _Send:
     member: str
     message: object
@@ -134,7 +126,7 @@ class Shard:
             self._slot_semaphores[slot].append(name)
         self.home = Home(semaphores, owner_of=self._owner_of_semaphore)
         self.owner = Owner(semaphores, home_of=self._home_of, cold_start_grace=cold_start_grace)
-        self._parked: dict[int, list[_Parked]] = {}
+        self._parked = ParkedAcquires()
         # Answers about a peer that wait for the confirmation of its releases.
         self._held_for: dict[int, list[Answer]] = {}
         self._answers: list[Answer] = []
@@ -190,6 +182,10 @@ class Shard:
                 self._reply(peer_id, Answer(request_id, result))
         self._end(now)
 
+    def withdraw(self, request_id: int) -> None:
+        """Forget a waiting acquire whose asker has gone: it is never answered."""
+        self._parked.withdraw(request_id)
+
     def receive(self, sender: str, message: object, now: float) -> None:
         """A message from node `sender`. What it changes is written, and what follows goes out,
         at the next `flush` (so that a frame of messages makes one write per slot)."""
@@ -206,10 +202,8 @@ class Shard:
         self._begin(now)
         self.home.tick(now)
         self.owner.tick(now)
-        for peer_id, parked in list(self._parked.items()):
-            for request in [r for r in parked if now >= r.deadline]:
-                self._unpark(request)
-                self._reply(peer_id, Answer(request.request_id, NOT_YET))
+        for request in self._parked.due(now):
+            self._reply(request.op.peer_id, Answer(request.request_id, NOT_YET))
         self._end(now)
 
     def members_changed(self, live: Mapping[str, int], voters, now: float) -> None:
@@ -228,10 +222,8 @@ class Shard:
         """Answer every parked acquire "not yet" now, and park none any more (shutting down)."""
         self._begin(now)
         self._blocking = False
-        for peer_id, parked in list(self._parked.items()):
-            for request in parked:
-                self._reply(peer_id, Answer(request.request_id, NOT_YET))
-        self._parked.clear()
+        for request in self._parked.take_all():
+            self._reply(request.op.peer_id, Answer(request.request_id, NOT_YET))
         self._end(now)
 
     # -- outputs ----------------------------------------------------------------------------
@@ -255,8 +247,8 @@ class Shard:
             self.ownership.next_deadline(),
             self.home.next_deadline(),
             self.owner.next_deadline(),
+            self._parked.next_deadline(),
         ]
-        deadlines.extend(r.deadline for parked in self._parked.values() for r in parked)
         return min(deadlines)
 
     # -- observation ------------------------------------------------------------------------
@@ -324,23 +316,15 @@ class Shard:
         if result:
             self._reply(op.peer_id, Answer(request_id, self._granted(op)))
         elif op.block_for and op.block_for > 0 and self._blocking:
-            self._park(request_id, op, now + op.block_for, undecided=False)
+            self._parked.park(request_id, op, now + op.block_for, undecided=False)
         elif result is None and self._blocking:
-            self._park(request_id, op, self.home.deciding_until(op.peer_id, now), True)
+            self._parked.park(request_id, op, self.home.deciding_until(op.peer_id, now), True)
         else:
             self._reply(op.peer_id, Answer(request_id, NOT_YET))
 
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self.home.peers.token(op.peer_id, op.semaphore))
 
-    def _park(self, request_id: int, op: Acquire, deadline: float, undecided: bool) -> None:
-        self._parked.setdefault(op.peer_id, []).append(_Parked(request_id, op, deadline, undecided))
-
-    def _unpark(self, request: _Parked) -> None:
-        parked = self._parked[request.op.peer_id]
-        parked.remove(request)
-        if not parked:
-            del self._parked[request.op.peer_id]
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -403,7 +387,7 @@ class Shard:
                 slot = event.slot
                 gone = self.home.lose(lambda peer_id, slot=slot: slot_of(peer_key(peer_id)) == slot)
                 for peer_id in gone:
-                    for request in self._parked.pop(peer_id, ()):
+                    for request in self._parked.take_peer(peer_id):
                         self._reply(peer_id, Answer(request.request_id, NOT_YET))
                 self.owner.lose(self._slot_semaphores.get(slot, []))
                 self._changes.append(SlotLost(slot, event.ballot, event.resigned))
@@ -413,16 +397,16 @@ class Shard:
             peer_id = event.peer_id
             if isinstance(event, Granted):
                 for request in [
-                    r for r in self._parked.get(peer_id, ()) if r.op.semaphore == event.semaphore
+                    r for r in self._parked.of_peer(peer_id) if r.op.semaphore == event.semaphore
                 ]:
-                    self._unpark(request)
+                    self._parked.take(request)
                     self._reply(peer_id, Answer(request.request_id, self._granted(request.op)))
             elif isinstance(event, Queued):
-                for request in [r for r in self._parked.get(peer_id, ()) if r.undecided]:
-                    self._unpark(request)
+                for request in [r for r in self._parked.of_peer(peer_id) if r.undecided]:
+                    self._parked.take(request)
                     self._reply(peer_id, Answer(request.request_id, NOT_YET))
             elif isinstance(event, Removed):
-                for request in self._parked.pop(peer_id, ()):
+                for request in self._parked.take_peer(peer_id):
                     self._reply(peer_id, Answer(request.request_id, error=UnknownPeer(peer_id)))
             elif isinstance(event, Confirmed):
                 self._answers.extend(self._held_for.pop(peer_id, ()))

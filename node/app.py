@@ -41,7 +41,8 @@ class NodeApp:
         if scope["type"] == "http":
             request = Request(scope, receive)
             response = await handle(self.router, request)
-            await _send(send, response, head=request.method == "HEAD")
+            if response is not None:
+                await _send(send, response, head=request.method == "HEAD")
         elif scope["type"] == "websocket":
             # Reached only by a handshake on a kept-alive HTTP connection: the rest go straight
             # to `websocket_route` (node/listener.py).

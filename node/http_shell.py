@@ -16,6 +16,8 @@ from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import parse_qs, unquote_to_bytes
 
+import trio
+
 from sluicegate.cluster import errors
 from sluicegate.cluster.rate_limits import RateCheck, retry_after_header
 from sluicegate.cluster.semaphore_ops import (
@@ -125,6 +127,7 @@ class Request:
         self.query: bytes = scope.get("query_string", b"")
         self.headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
         self._receive = receive
+        self._body_read = trio.Event()
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -149,7 +152,16 @@ class Request:
                 )
             chunks.append(chunk)
             if not message.get("more_body", False):
+                self._body_read.set()
                 return b"".join(chunks)
+
+    async def cancel_when_gone(self, scope: trio.CancelScope) -> None:
+        """Cancel `scope` when the client goes away (once the body is read: the handler reads
+        it, and a handler that reads none answers at once)."""
+        await self._body_read.wait()
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
 
     async def json(self) -> object:
         content_type = (self.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
@@ -440,7 +452,9 @@ def allow_header(methods: dict[str, Callable]) -> bytes:
     return ",".join(allowed).encode()
 
 
-async def handle(router: Router, request: Request) -> Response:
+async def handle(router: Router, request: Request) -> Response | None:
+    """The response to `request`; None if its client went away first (a long poll it gave up,
+    say): whatever the handler waited for is withdrawn."""
     handlers = router.route(request.raw_path)
     if handlers is None:
         return Response(404, NOT_FOUND_PAGE, HTML)
@@ -448,6 +462,16 @@ async def handle(router: Router, request: Request) -> Response:
     handler = handlers.get(method)
     if handler is None:
         return Response(405, headers=[(b"allow", allow_header(handlers))])
+    with trio.CancelScope() as gone:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(request.cancel_when_gone, gone)
+            response = await _answer(handler, request)
+            nursery.cancel_scope.cancel()
+        return response
+    return None
+
+
+async def _answer(handler: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
     try:
         return await handler(request)
     except Rejection as rejection:

@@ -11,7 +11,8 @@ wake-up. After operations are applied elsewhere, it is told its next deadline (a
 so without a wake-up).
 
 Acquires with `block_for` park here, in the actor, and are answered the moment their peer holds
-all its locks, fails (peer deleted or expired), or the time is up.
+all its locks, fails (peer deleted or expired), or the time is up; or forgotten, when whoever
+asked (a connection, a call) withdraws.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 import math
 import random
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -39,10 +41,19 @@ NOT_YET = AcquireOutcome(False)
 Answered = Callable[[object, BaseException | None], None]
 
 
-async def answer(
-    submit: Callable[[list[tuple[Operation, Answered]]], None], op: Operation
-) -> object:
-    """Submit `op` to an actor (its `submit`) and wait for the answer, raising its error."""
+class Actor(Protocol):
+    """What applies semaphore operations: this module's actor, or a cluster node's shard actor."""
+
+    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
+        """Apply operations now, in order; each callback gets its outcome, now or later."""
+
+    def withdraw(self, owner: object) -> None:
+        """Forget what `owner` submitted and still waits: it will never be answered."""
+
+
+async def answer(actor: Actor, op: Operation) -> object:
+    """Submit `op` to an actor and wait for the answer, raising its error. Cancelled, the call
+    withdraws `op` if it still waits."""
     done = trio.Event()
     outcome: list = []
 
@@ -50,8 +61,12 @@ async def answer(
         outcome.append((result, error))
         done.set()
 
-    submit([(op, answered)])
-    await done.wait()
+    actor.submit([(op, answered)], answered)
+    try:
+        await done.wait()
+    finally:
+        if not outcome:
+            actor.withdraw(answered)
     result, error = outcome[0]
     if error is not None:
         raise error
@@ -59,11 +74,12 @@ async def answer(
 
 
 class _Request:
-    __slots__ = ("op", "answered", "finished")
+    __slots__ = ("op", "answered", "owner", "finished")
 
-    def __init__(self, op: Operation, answered: Answered) -> None:
+    def __init__(self, op: Operation, answered: Answered, owner: object) -> None:
         self.op = op
         self.answered = answered
+        self.owner = owner
         self.finished = False
 
     def succeed(self, result: object) -> None:
@@ -97,7 +113,11 @@ class SemaphoreActor:
         self._rng = rng if rng is not None else random.Random()
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
         self._parked: dict[int, list[_Request]] = {}
+        # Parked requests by whoever may withdraw them.
+        self._owned: dict[object, set[_Request]] = {}
         self._park_deadlines: list[tuple[float, int, _Request]] = []
+        # Entries of `_park_deadlines` answered or withdrawn before their deadline.
+        self._stale_deadlines = 0
         self._sequence = itertools.count()
         self._blocking = True
         # The scope the actor sleeps in, while it sleeps (see `submit`).
@@ -105,22 +125,28 @@ class SemaphoreActor:
 
     async def call(self, op: Operation) -> object:
         """Apply `op` and return its answer (once decided), raising its `SemaphoreError`."""
-        return await answer(self.submit, op)
+        return await answer(self, op)
 
-    def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
+    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
         """Apply each operation now, in order; each callback gets its result or its
-        `SemaphoreError`, now or (a parked acquire) later, from the actor's task."""
+        `SemaphoreError`, now or (a parked acquire) later, from the actor's task, unless
+        `owner` withdraws first."""
         now = trio.current_time()
         sleep = self._sleep
         # While the actor sleeps, nothing is due before its wake-up.
         if sleep is None or now >= sleep.deadline:
             self._expire(now)
         for op, answered in requests:
-            self._apply(_Request(op, answered), now)
-        if sleep is not None:
-            wakeup = self._next_wakeup()
-            if wakeup != sleep.deadline:
-                sleep.deadline = wakeup
+            self._apply(_Request(op, answered, owner), now)
+        self._reschedule()
+
+    def withdraw(self, owner: object) -> None:
+        """Forget the parked acquires `owner` submitted: they will never be answered."""
+        for request in self._owned.pop(owner, ()):
+            self._unpark(request)
+            request.finished = True
+            self._stale_deadlines += 1
+        self._reschedule()
 
     async def stats(self) -> list[SemaphoreStats]:
         message = _Stats()
@@ -172,11 +198,23 @@ class SemaphoreActor:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _reschedule(self) -> None:
+        sleep = self._sleep
+        if sleep is not None:
+            wakeup = self._next_wakeup()
+            if wakeup != sleep.deadline:
+                sleep.deadline = wakeup
+
     def _next_wakeup(self) -> float:
         deadline = self._core.next_deadline()
         deadlines = self._park_deadlines
+        if self._stale_deadlines > len(deadlines) // 2:
+            self._park_deadlines = deadlines = [e for e in deadlines if not e[2].finished]
+            heapq.heapify(deadlines)
+            self._stale_deadlines = 0
         while deadlines and deadlines[0][2].finished:
             heapq.heappop(deadlines)
+            self._stale_deadlines -= 1
         if deadlines:
             deadline = deadlines[0][0] if deadline is None else min(deadline, deadlines[0][0])
         return math.inf if deadline is None else deadline
@@ -189,7 +227,9 @@ class SemaphoreActor:
         deadlines = self._park_deadlines
         while deadlines and deadlines[0][0] <= now:
             _, _, request = heapq.heappop(deadlines)
-            if not request.finished:
+            if request.finished:
+                self._stale_deadlines -= 1
+            else:
                 # Out of patience: the lock stays pending, the answer is "not yet".
                 self._unpark(request)
                 request.succeed(NOT_YET)
@@ -226,31 +266,52 @@ class SemaphoreActor:
 
     def _park(self, request: _Request, deadline: float) -> None:
         self._parked.setdefault(request.op.peer_id, []).append(request)
+        if request.owner is not None:
+            self._owned.setdefault(request.owner, set()).add(request)
         heapq.heappush(self._park_deadlines, (deadline, next(self._sequence), request))
 
     def _dispatch_events(self) -> None:
         for event in self._core.events():
             if isinstance(event, LockGranted):
-                for request in self._parked.pop(event.peer_id, ()):
+                for request in self._unpark_peer(event.peer_id):
                     request.succeed(self._granted(request.op))
             elif isinstance(event, PeerRemoved):
-                for request in self._parked.pop(event.peer_id, ()):
+                for request in self._unpark_peer(event.peer_id):
                     request.fail(UnknownPeer(event.peer_id))
 
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self._core.fencing_token(op.peer_id, op.semaphore))
 
     def _unpark(self, request: _Request) -> None:
+        """Take a request out of the parked ones, before its deadline or at it."""
         peer_id = request.op.peer_id
         waiting = self._parked.get(peer_id)
         if waiting is not None:
             waiting.remove(request)
             if not waiting:
                 del self._parked[peer_id]
+        self._disown(request)
+
+    def _unpark_peer(self, peer_id: int) -> list[_Request]:
+        """Take all of a peer's parked requests out, before their deadlines."""
+        requests = self._parked.pop(peer_id, [])
+        for request in requests:
+            self._disown(request)
+        self._stale_deadlines += len(requests)
+        return requests
+
+    def _disown(self, request: _Request) -> None:
+        owned = self._owned.get(request.owner)
+        if owned is not None:
+            owned.discard(request)
+            if not owned:
+                del self._owned[request.owner]
 
     def _answer_all_parked(self) -> None:
         parked, self._parked = self._parked, {}
+        self._owned.clear()
         self._park_deadlines.clear()
+        self._stale_deadlines = 0
         for requests in parked.values():
             for request in requests:
                 request.succeed(NOT_YET)

@@ -68,9 +68,13 @@ class LocalSemaphores:
     def serves_here(self, op: Operation) -> bool:
         return True
 
-    def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
+    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
         """Apply operations now, each callback getting its outcome (`SemaphoreActor.submit`)."""
-        self._actor.submit(requests)
+        self._actor.submit(requests, owner)
+
+    def withdraw(self, owner: object) -> None:
+        """Forget what `owner` submitted and still waits."""
+        self._actor.withdraw(owner)
 
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
@@ -152,10 +156,15 @@ class ClusterSemaphores:
         target = self._target(op)
         return target is None or target == self.node_id
 
-    def submit(self, requests: list[tuple[Operation, Answered]]) -> None:
+    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
         """Apply operations this node serves now, each callback getting its outcome; a
         `NotServing` error means 503."""
-        self._actor.submit(requests)
+        self._actor.submit(requests, owner)
+
+    def withdraw(self, owner: object) -> None:
+        """Forget what `owner` submitted here and still waits (forwarded calls withdraw when
+        cancelled, but only at this node: the home elsewhere answers when it answers)."""
+        self._actor.withdraw(owner)
 
     async def serve(self, op: Operation) -> object:
         """Run `op` here, for another node (the shard refuses what this node does not serve)."""

@@ -43,6 +43,9 @@ class ShardActor:
         self._clock = clock
         self._ids = itertools.count(1)
         self._waiting: dict[int, Answered] = {}
+        # Requests still waiting, by whoever may withdraw them, and the other way round.
+        self._owned: dict[object, set[int]] = {}
+        self._owner_of: dict[int, object] = {}
         # The scope the actor sleeps in, while it sleeps.
         self._sleep: trio.CancelScope | None = None
         # Messages were applied that no flush has written yet.
@@ -58,19 +61,34 @@ class ShardActor:
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def submit(self, requests: Iterable[tuple[Operation, Answered]]) -> None:
+    def submit(self, requests: Iterable[tuple[Operation, Answered]], owner: object = None) -> None:
         """Apply each operation now, in order; each callback gets its result or its error,
-        now or later (once what it follows is committed)."""
+        now or later (once what it follows is committed), unless `owner` withdraws first."""
         now = self._clock.now()
+        request_ids = []
         for op, answered in requests:
             request_id = next(self._ids)
+            request_ids.append(request_id)
             self._waiting[request_id] = answered
             self.shard.submit(request_id, op, now)
+        self._after()
+        if owner is not None:
+            waiting = [i for i in request_ids if i in self._waiting]
+            if waiting:
+                self._owned.setdefault(owner, set()).update(waiting)
+                self._owner_of.update(dict.fromkeys(waiting, owner))
+
+    def withdraw(self, owner: object) -> None:
+        """Forget the requests `owner` submitted that still wait: they are never answered."""
+        for request_id in self._owned.pop(owner, ()):
+            del self._waiting[request_id]
+            del self._owner_of[request_id]
+            self.shard.withdraw(request_id)
         self._after()
 
     async def call(self, op: Operation) -> object:
         """Apply `op` and return its answer, raising its error."""
-        return await answer(self.submit, op)
+        return await answer(self, op)
 
     def deliver(self, sender: str, message: object) -> None:
         """A message from node `sender`: applied now, flushed by the actor's task when the
@@ -123,6 +141,8 @@ class ShardActor:
         for done in shard.answers():
             answered = self._waiting.pop(done.request_id, None)
             if answered is not None:
+                if self._owner_of:
+                    self._disown(done.request_id)
                 answered(done.result, done.error)
         for member, message in shard.outbox():
             self._send(member, message)
@@ -137,6 +157,14 @@ class ShardActor:
             deadline = self._wake_at()
             if deadline != self._clock.deadline_of(sleep):
                 self._clock.reschedule(sleep, deadline)
+
+    def _disown(self, request_id: int) -> None:
+        owner = self._owner_of.pop(request_id, None)
+        if owner is not None:
+            owned = self._owned[owner]
+            owned.discard(request_id)
+            if not owned:
+                del self._owned[owner]
 
     def _wake_at(self) -> float:
         return min(self.shard.next_deadline(), self._log_at)

@@ -56,6 +56,14 @@ class WsConnection:
 
     async def run(self) -> None:
         try:
+            await self._serve_requests()
+        finally:
+            # Acquires still waiting for this connection are forgotten: nobody would read their
+            # answers.
+            self._semaphores.withdraw(self)
+
+    async def _serve_requests(self) -> None:
+        try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send_answers)
                 nursery.start_soon(self._watch_idleness)
@@ -137,7 +145,7 @@ class WsConnection:
             return
         self._applying = True
         try:
-            self._semaphores.submit(requests)
+            self._semaphores.submit(requests, self)
         finally:
             self._applying = False
 

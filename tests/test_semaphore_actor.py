@@ -192,3 +192,31 @@ async def test_pending_answers_carry_no_token(autojump_clock, actor):
     waiter = await actor.call(NewPeer(60))
     await actor.call(Acquire(holder, "A", 1))
     assert await actor.call(Acquire(waiter, "A", 1)) == AcquireOutcome(False, None)
+
+
+async def test_a_cancelled_wait_is_withdrawn_from_the_actor(autojump_clock, actor, nursery):
+    holder = await actor.call(NewPeer(600))
+    waiter = await actor.call(NewPeer(600))
+    await actor.call(Acquire(holder, "A", 1))
+    with trio.move_on_after(1):
+        await actor.call(Acquire(waiter, "A", 1, block_for=300))
+    assert actor._parked == {} and actor._owned == {}
+    # Withdrawn deadlines are dropped, not kept until they come.
+    for _ in range(100):
+        with trio.move_on_after(0.01):
+            await actor.call(Acquire(waiter, "A", 1, block_for=300))
+    assert len(actor._park_deadlines) < 10
+
+
+async def test_withdraw_forgets_only_its_owners_waits(autojump_clock, actor, nursery):
+    holder = await actor.call(NewPeer(600))
+    waiter = await actor.call(NewPeer(600))
+    await actor.call(Acquire(holder, "A", 1))
+    answers = []
+    connection, other = object(), object()
+    actor.submit([(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("gone"))], connection)
+    actor.submit([(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("kept"))], other)
+    actor.withdraw(connection)
+    await actor.call(ReleaseLock(holder, "A"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == ["kept"]

@@ -193,3 +193,24 @@ def test_slots_of_peers_and_semaphores_are_where_the_ring_says():
         assert shard.ownership.owner_of(slot_of(semaphore_key(name))) == owner(cluster, name)
     peer = new_peer(cluster)
     assert shard.ownership.owner_of(slot_of(peer_key(peer))) == cluster.target(Heartbeat(peer, 1))
+
+
+def test_a_withdrawn_acquire_is_never_answered_and_no_longer_waits():
+    cluster = Shards(CONFIG, NODES)
+    holder, peer = new_peer(cluster), new_peer(cluster)
+    assert granted(cluster.call(Acquire(holder, "A", 1)))
+    home = cluster.target(Heartbeat(peer, 1))
+    kept = cluster.submit(home, Acquire(peer, "A", 1, block_for=10.0))
+    gone = [cluster.submit(home, Acquire(peer, "A", 1, block_for=10.0)) for _ in range(3)]
+    cluster.settle()
+    shard = cluster.nodes[home]
+    for request_id in gone:
+        shard.withdraw(request_id)
+    assert shard._parked.count_of(peer) == 1
+    cluster.call(ReleaseLock(holder, "A"))
+    assert granted(cluster.answers.get(kept))
+    assert not any(request_id in cluster.answers for request_id in gone)
+    cluster.run(11.0)
+    assert not any(request_id in cluster.answers for request_id in gone)
+    assert shard.next_deadline() < float("inf")  # the ownership's own, not a parked one
+    assert len(shard._parked) == 0
