@@ -33,6 +33,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
+from .logs import clip
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
@@ -137,7 +138,7 @@ class Request:
 
     async def body(self) -> bytes:
         length = self.header(b"content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY:
+        if length is not None and length.isdigit() and (len(length) > 9 or int(length) > MAX_BODY):
             raise Rejection(text("Failed to buffer the request body: length limit exceeded", 413))
         chunks, size = [], 0
         while True:
@@ -202,7 +203,7 @@ def _path_text(segment: bytes, name: str) -> str:
 def _peer_id(segment: bytes, *, in_tuple: bool = False) -> int:
     value = _path_text(segment, "id")
     digits = value[1:] if value.startswith("+") else value
-    if digits.isascii() and digits.isdigit() and int(digits) < 2**64:
+    if digits.isascii() and digits.isdigit() and len(digits) <= 20 and int(digits) < 2**64:
         return int(digits)
     # axum words it differently when the id is the first of two path parameters.
     where = f"value at index 0 with value `{value}`" if in_tuple else f"`{value}`"
@@ -371,9 +372,10 @@ def _rate_limit_query(query: bytes) -> tuple[str, int]:
     n_text = fields.get("n", ["1"])[-1]
     if not (n_text.isascii() and n_text.isdigit()):
         raise Rejection(
-            rate_limit_error("invalid_weight", f"n must be a whole number: {n_text!r}", 400)
+            rate_limit_error("invalid_weight", f"n must be a whole number: {clip(n_text)!r}", 400)
         )
-    return key, int(n_text)
+    # Any weight above a limiter's largest is refused alike; int() of 4,301 digits would raise.
+    return key, int(n_text) if len(n_text) <= 20 else 2**64
 
 
 def rate_limit_error(code: str, message: str, status: int) -> Response:

@@ -11,6 +11,8 @@ import os
 import sys
 
 TRACE = 5
+# The most characters of one argument of a log line: many are chosen by clients or other nodes.
+LONGEST_ARGUMENT = 200
 _LEVELS = {
     "ERROR": logging.ERROR,
     "WARN": logging.WARNING,
@@ -41,7 +43,40 @@ def setup_logging(level: int) -> None:
     handler.setFormatter(
         logging.Formatter("[%(asctime)s %(levelname)-5s %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S")
     )
+    handler.addFilter(ClipArguments())
     root = logging.getLogger("sluicegate")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+def clip(text: str, longest: int = LONGEST_ARGUMENT) -> str:
+    """`text`, cut to `longest` characters and saying by how many if it was longer."""
+    if len(text) <= longest:
+        return text
+    return f"{text[:longest]}...({len(text) - longest} more characters)"
+
+
+class _Clipped:
+    """An argument of a log line whose text (`%s` or `%r`) is clipped."""
+
+    def __init__(self, value: object) -> None:
+        self._value = value
+
+    def __str__(self) -> str:
+        return clip(str(self._value))
+
+    def __repr__(self) -> str:
+        return clip(repr(self._value))
+
+
+class ClipArguments(logging.Filter):
+    """No argument of a log line longer than `LONGEST_ARGUMENT`: a client that names itself with
+    a megabyte must not write a megabyte of log per request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                arg if isinstance(arg, int | float | None) else _Clipped(arg) for arg in record.args
+            )
+        return True

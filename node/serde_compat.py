@@ -53,6 +53,22 @@ def _reject_constant(name: str) -> object:
     raise JsonSyntaxError("expected value")
 
 
+# Digits of the longest integer serde_json keeps as one (u64 or i64); longer ones it reads as a
+# float. Python's int() refuses more than 4,300 digits with an error of its own.
+_INTEGER_DIGITS = 20
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise JsonSyntaxError("number out of range")
+    return value
+
+
+def _integer(text: str) -> int | float:
+    return int(text) if len(text.lstrip("-")) <= _INTEGER_DIGITS else _number(text)
+
+
 def parse_json(body: bytes) -> object:
     try:
         text = body.decode("utf-8")
@@ -61,7 +77,11 @@ def parse_json(body: bytes) -> object:
     if not text.strip():
         raise JsonSyntaxError("EOF while parsing a value")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(
+            text, parse_constant=_reject_constant, parse_int=_integer, parse_float=_number
+        )
+    except JsonSyntaxError:
+        raise
     except json.JSONDecodeError as error:
         words = _SYNTAX_WORDS.get(error.msg, error.msg[:1].lower() + error.msg[1:])
         if error.msg == "Expecting value" and error.pos >= len(text.rstrip()):

@@ -53,6 +53,10 @@ class ProtocolViolation(Exception):
     """The connection cannot go on: close it with `code`."""
 
     def __init__(self, code: int, reason: str) -> None:
+        # A close frame's reason has room for 123 bytes of UTF-8, and parts of it come from
+        # the client.
+        if len(reason.encode()) > 123:
+            reason = reason.encode()[:120].decode(errors="ignore") + "..."
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
@@ -88,6 +92,11 @@ def decode(frame: bytes | str, expect_hello: bool) -> dict | list[Request | Reje
         value = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
         raise ProtocolViolation(CLOSE_UNDECODABLE, f"undecodable msgpack: {error}") from None
+    except TypeError:
+        # A map keyed by a map or an array: msgpack allows it, Python's dict does not.
+        raise ProtocolViolation(
+            CLOSE_UNDECODABLE, "undecodable msgpack: a map key is a container"
+        ) from None
     if expect_hello:
         if not isinstance(value, dict) or "hello" not in value:
             raise ProtocolViolation(CLOSE_NO_HELLO, 'the first frame must be {"hello": VERSION}')

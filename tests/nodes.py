@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -27,8 +28,11 @@ class NodeProcess:
         workdir: Path | None = None,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        files: int | None = None,
     ) -> None:
+        """`files`: the most files the process may open (its soft and hard limit)."""
         self.args = list(args or [])
+        self.files = files
         self.env = dict(env or {})
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sluicegate-node-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +66,7 @@ class NodeProcess:
             stderr=log,
             cwd=self.workdir,
             env=env,
+            preexec_fn=None if self.files is None else self._limit_files,
         )
         log.close()
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -76,6 +81,26 @@ class NodeProcess:
             time.sleep(0.02)
         self.kill()
         raise RuntimeError(f"node did not listen within {STARTUP_TIMEOUT}s:\n{self.log()}")
+
+    def _limit_files(self) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.files, self.files))
+
+    def open_files(self) -> int:
+        assert self.process is not None
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the process has used."""
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
 
     def log(self) -> str:
         return self._log_path.read_text(encoding="utf-8", errors="replace")

@@ -1,0 +1,177 @@
+"""A careless or hostile client against a real node process: every attack is bounded, and a
+well-behaved client (the bystander) still acquires and releases while it goes on.
+
+Loopback only; every attack is bounded in count and time and stops by itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+
+import msgpack
+import pytest
+
+from .nodes import NodeProcess, wait_until
+
+pytestmark = pytest.mark.process
+
+CONFIG = "[semaphores]\nA = 1000\n"
+
+
+def request(node, method: str, path: str, body: bytes | None = None, timeout: float = 5.0):
+    """One request on a fresh connection: (status, body)."""
+    connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def bystander(node, timeout: float = 5.0) -> float:
+    """A well-behaved client's new peer, acquire, release and goodbye; the seconds they took.
+    Fails unless each is answered as Throttle answers it, within `timeout`."""
+    started = time.monotonic()
+    status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}', timeout)
+    assert status == 200, body
+    peer = json.loads(body)
+    assert request(node, "PUT", f"/peers/{peer}/A", b"1", timeout) == (200, str(peer).encode())
+    assert request(node, "DELETE", f"/peers/{peer}/A", None, timeout)[0] == 200
+    assert request(node, "DELETE", f"/peers/{peer}", None, timeout) == (200, b'"Peer released"')
+    return time.monotonic() - started
+
+
+def connect(node) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", node.port), timeout=5)
+
+
+def test_idle_half_requests_cost_no_cpu_and_no_one_else_waits(tmp_path):
+    with NodeProcess(CONFIG, workdir=tmp_path) as node:
+        bystander(node)
+        idle = [connect(node) for _ in range(300)]
+        try:
+            for sock in idle:
+                sock.sendall(b"GET /")  # a request line that could still become `GET /ws `
+            time.sleep(0.2)
+            cpu = node.cpu_seconds()
+            time.sleep(1.0)
+            # Peeking at them every millisecond took a whole core.
+            assert node.cpu_seconds() - cpu < 0.25
+            assert bystander(node) < 1.0
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_past_the_connection_limit_the_node_answers_503_and_frees_the_socket(tmp_path):
+    with NodeProcess(CONFIG + "[limits]\nconnections = 40\n", workdir=tmp_path) as node:
+        held = [connect(node) for _ in range(40)]
+        try:
+            time.sleep(0.2)
+            refused = connect(node)
+            answer = refused.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+            assert b"holds at most 40 at once ([limits] connections)" in answer
+            assert refused.recv(65536) == b""  # closed by the node
+            refused.close()
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(lambda: request(node, "GET", "/health")[0] == 200, 2, "served again")
+        bystander(node)
+        assert node.log().count("[limits] connections") == 1
+
+
+def test_abandoned_long_polls_free_their_sockets_within_a_second(tmp_path):
+    with NodeProcess(CONFIG.replace("1000", "1"), workdir=tmp_path, files=300) as node:
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"5m"}')
+        holder = json.loads(body)
+        assert request(node, "PUT", f"/peers/{holder}/A", b"1")[0] == 200
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"5m"}')
+        waiter = json.loads(body)
+        baseline = node.open_files()
+        # More long polls than the node may open files, each abandoned by its client.
+        for _ in range(8):
+            polls = [connect(node) for _ in range(50)]
+            for sock in polls:
+                sock.sendall(
+                    b"PUT /peers/%d/A?block_for=60s HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 1\r\n\r\n1" % waiter
+                )
+            time.sleep(0.1)
+            for sock in polls:
+                sock.close()
+        wait_until(lambda: node.open_files() <= baseline + 5, 1.0, "the polls' sockets closed")
+        assert request(node, "DELETE", f"/peers/{holder}/A")[0] == 200
+        assert request(node, "GET", f"/peers/{waiter}/is_acquired") == (200, b"true")
+        assert "EMFILE" not in node.log() and "Too many open files" not in node.log()
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("PUT", "/peers/1/A", b"1" * 5000),
+        ("POST", "/new_peer", b'{"expires_in":' + b"9" * 5000 + b"}"),
+        ("PUT", "/peers/" + "1" * 5000 + "/A", b"1"),
+        ("GET", "/peers/" + "1" * 5000 + "/is_acquired", None),
+        ("POST", "/rate_limits/api/check?n=" + "1" * 5000, None),
+        ("PUT", "/peers/1/A", b"1e999999"),
+    ],
+)
+def test_numbers_of_any_length_get_the_documented_error(tmp_path, method, path, body):
+    config = CONFIG + '[rate_limits]\napi = { algorithm = "gcra", burst = 10, rate = 5 }\n'
+    with NodeProcess(config, workdir=tmp_path) as node:
+        status, answer = request(node, method, path, body)
+        assert 400 <= status < 500, (status, answer[:200])
+        assert b"Traceback" not in answer and "Traceback" not in node.log()
+        bystander(node)
+
+
+def test_msgpack_of_any_shape_closes_the_websocket_with_1007(tmp_path):
+    from trio_websocket import ConnectionClosed, open_websocket_url
+    import trio
+
+    async def main(url: str) -> int:
+        with trio.fail_after(10):
+            async with open_websocket_url(url) as ws:
+                await ws.send_message(msgpack.packb({"hello": 1}))
+                await ws.get_message()
+                # A map keyed by an array: valid msgpack, not a Python dict.
+                await ws.send_message(b"\x81\x91\x01\x01")
+                try:
+                    await ws.get_message()
+                except ConnectionClosed as closed:
+                    return closed.reason.code
+        raise AssertionError("not closed")
+
+    with NodeProcess(CONFIG, workdir=tmp_path) as node:
+        assert trio.run(main, f"ws://127.0.0.1:{node.port}/ws") == 1007
+        assert "Traceback" not in node.log()
+        bystander(node)
+
+
+def test_what_a_client_chose_is_clipped_before_it_is_logged(tmp_path):
+    from trio_websocket import ConnectionClosed, open_websocket_url
+    import trio
+
+    async def main(url: str) -> None:
+        for _ in range(20):
+            with trio.fail_after(10):
+                async with open_websocket_url(url) as ws:
+                    await ws.send_message(msgpack.packb({"hello": "v" * 1_000_000}))
+                    try:
+                        await ws.get_message()
+                    except ConnectionClosed:
+                        pass
+
+    with NodeProcess(CONFIG, workdir=tmp_path) as node:
+        before = len(node.log())
+        trio.run(main, f"ws://127.0.0.1:{node.port}/ws")
+        # Twenty lines of at most a few hundred characters, not twenty megabytes.
+        assert len(node.log()) - before < 20 * 1000
+        bystander(node)
