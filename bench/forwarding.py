@@ -36,7 +36,7 @@ bench = 64
 down_after = "1s"
 gossip_interval = "200ms"
 """
-ENV = {"SLUICEGATE_CLUSTER_SECRET": "bench", "SLUICEGATE_TEST_LOG": "WARN"}
+ENV = {"SLUICEGATE_CLUSTER_SECRET": "bench-forwarding-secret", "SLUICEGATE_TEST_LOG": "WARN"}
 
 
 def start_cluster(workdir: Path) -> dict[str, NodeProcess]:

@@ -28,7 +28,7 @@ from tests.nodes import NodeProcess, gauge, wait_until  # noqa: E402
 CAPACITY = 50
 RATE = 200.0
 TASKS = 8
-SECRET = {"SLUICEGATE_CLUSTER_SECRET": "bench-gossip"}
+SECRET = {"SLUICEGATE_CLUSTER_SECRET": "bench-gossip-secret"}
 
 
 def config(interval: str) -> str:

@@ -17,6 +17,9 @@ from .server import run_node
 
 log = logging.getLogger("sluicegate.node")
 
+# A shorter cluster secret could be guessed offline from one recorded handshake.
+SHORTEST_SECRET = 16
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -91,6 +94,12 @@ def with_cluster_flags(config: NodeConfig, args: argparse.Namespace) -> NodeConf
     if (cluster.join or cluster.node_id) and not secret:
         raise ConfigError(
             "a cluster needs a shared secret: set [cluster] secret or SLUICEGATE_CLUSTER_SECRET"
+        )
+    if secret and len(secret.encode()) < SHORTEST_SECRET:
+        raise ConfigError(
+            f"the cluster secret must be {SHORTEST_SECRET} bytes or longer, not "
+            f"{len(secret.encode())}: python3 -c 'import secrets; print(secrets.token_hex(16))' "
+            "makes one"
         )
     if secret and not cluster.advertise and args.address in ("0.0.0.0", "::", ""):
         raise ConfigError(

@@ -11,7 +11,9 @@
   exponential backoff and jitter), the other accepts; either way the connection ends up carrying
   its `Link`.
 * The handshake proves both ends know the cluster secret without sending it: the accepting node
-  sends a random challenge, the dialer answers with HMAC-SHA256(secret, challenge, both ids).
+  sends a random challenge; the dialer answers with HMAC-SHA256(secret, its role, the challenge,
+  both ids) and a challenge of its own; the acceptor's welcome answers that one likewise. Neither
+  end believes a message from the other before its proof has checked out.
 
 Connections are anything with trio-websocket's `send_message`/`get_message`/`aclose`: a real
 WebSocket, or one over in-memory streams in tests and simulations. The dialer is injected.
@@ -74,12 +76,14 @@ class Hello:
     node_id: str
     generation: int
     proof: bytes
+    nonce: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
     node_id: str
     generation: int
+    proof: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +117,19 @@ class Linked:
 HANDSHAKE_MESSAGES = {1000: Challenge, 1001: Hello, 1002: Welcome, 1003: Sequenced, 1004: Skipped}
 
 
+NONCE_BYTES = 16
+
+
 class LinkRefused(Exception):
     """The other end failed the handshake (wrong secret, wrong node, or nonsense)."""
 
 
-def proof_of_secret(secret: bytes, nonce: bytes, client_id: str, server_id: str) -> bytes:
-    message = b"\x00".join((nonce, client_id.encode(), server_id.encode()))
+# Whose proof it is: a dialer's proof can never pass for an acceptor's, or the other way round.
+DIALER, ACCEPTOR = b"dialer", b"acceptor"
+
+
+def proof_of_secret(secret: bytes, role: bytes, nonce: bytes, prover: str, verifier: str) -> bytes:
+    message = b"\x00".join((role, nonce, prover.encode(), verifier.encode()))
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
@@ -144,18 +155,26 @@ async def dialer_handshake(
     node_id: str,
     generation: int,
     secret: bytes,
+    rng: random.Random,
     clock: Clock = TRIO_CLOCK,
 ) -> Linked:
-    """Answer the challenge; returns the accepting node."""
+    """Answer the challenge and challenge back; returns the accepting node once it has proven
+    the secret too (else closes with 4401 and raises LinkRefused)."""
+    nonce = rng.randbytes(NONCE_BYTES)
     try:
         challenge = await _receive_one(conn, codec, Challenge, clock)
-        proof = proof_of_secret(secret, challenge.nonce, node_id, challenge.server_id)
-        await conn.send_message(codec.encode([Hello(node_id, generation, proof)]))
+        proof = proof_of_secret(secret, DIALER, challenge.nonce, node_id, challenge.server_id)
+        await conn.send_message(codec.encode([Hello(node_id, generation, proof, nonce)]))
         welcome = await _receive_one(conn, codec, Welcome, clock)
     except ConnectionClosed as closed:
         raise LinkRefused(f"closed during the handshake: {closed.reason}") from None
     if welcome.node_id != challenge.server_id:
+        await conn.aclose(CLOSE_UNAUTHORIZED, "bad handshake")
         raise LinkRefused("the welcome came from another node than the challenge")
+    expected = proof_of_secret(secret, ACCEPTOR, nonce, welcome.node_id, node_id)
+    if not hmac.compare_digest(welcome.proof, expected):
+        await conn.aclose(CLOSE_UNAUTHORIZED, "not a member of this cluster")
+        raise LinkRefused(f"{welcome.node_id!r} does not know the cluster secret")
     return Linked(welcome.node_id, welcome.generation)
 
 
@@ -168,8 +187,9 @@ async def acceptor_handshake(
     rng: random.Random,
     clock: Clock = TRIO_CLOCK,
 ) -> Linked:
-    """Challenge the dialer; returns it, or closes with 4401 and raises LinkRefused."""
-    nonce = rng.randbytes(16)
+    """Challenge the dialer and answer its challenge; returns it, or closes with 4401 and
+    raises LinkRefused."""
+    nonce = rng.randbytes(NONCE_BYTES)
     try:
         await conn.send_message(codec.encode([Challenge(node_id, nonce)]))
         hello = await _receive_one(conn, codec, Hello, clock)
@@ -178,11 +198,12 @@ async def acceptor_handshake(
     except LinkRefused:
         await conn.aclose(CLOSE_UNAUTHORIZED, "bad handshake")
         raise
-    expected = proof_of_secret(secret, nonce, hello.node_id, node_id)
+    expected = proof_of_secret(secret, DIALER, nonce, hello.node_id, node_id)
     if not hmac.compare_digest(hello.proof, expected) or hello.node_id == node_id:
         await conn.aclose(CLOSE_UNAUTHORIZED, "not a member of this cluster")
         raise LinkRefused(f"{hello.node_id!r} does not know the cluster secret")
-    await conn.send_message(codec.encode([Welcome(node_id, generation)]))
+    proof = proof_of_secret(secret, ACCEPTOR, hello.nonce, node_id, hello.node_id)
+    await conn.send_message(codec.encode([Welcome(node_id, generation, proof)]))
     return Linked(hello.node_id, hello.generation)
 
 
@@ -535,7 +556,7 @@ class Links:
 
     async def _dialer_handshake(self, conn: MessageConnection) -> Linked:
         return await dialer_handshake(
-            conn, self._codec, self.node_id, self.generation, self._secret, self._clock
+            conn, self._codec, self.node_id, self.generation, self._secret, self._rng, self._clock
         )
 
     async def flush(self, timeout: float) -> None:

@@ -110,7 +110,8 @@ _Message = _StopBlocking | _Stats
 class SemaphoreActor:
     def __init__(self, core: SemaphoreCore, *, rng: random.Random | None = None) -> None:
         self._core = core
-        self._rng = rng if rng is not None else random.Random()
+        # Peer ids must not be guessable from the ones a client has seen: the system's source.
+        self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
         self._parked: dict[int, list[_Request]] = {}
         # Parked requests by whoever may withdraw them.

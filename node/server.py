@@ -170,7 +170,8 @@ async def join_cluster(
     cluster = config.cluster
     assert cluster.secret, "the command line refuses a cluster without a secret"
     node_id = cluster.node_id or address
-    rng = rng or random.Random()
+    # Peer ids and handshake nonces must not be guessable from the ones seen: the system's source.
+    rng = rng or random.SystemRandom()
     # A new generation per start: the wall clock only orders this node's own lives.
     generation = time.time_ns() if generation is None else generation
     membership_actor: MembershipActor | None = None

@@ -35,7 +35,7 @@ down_after = "2s"
 gossip_interval = "200ms"
 """
 )
-SECRET = {"SLUICEGATE_CLUSTER_SECRET": "test-secret"}
+SECRET = {"SLUICEGATE_CLUSTER_SECRET": "membership-test-secret"}
 
 
 def members_up(node: NodeProcess) -> int | None:
@@ -100,7 +100,7 @@ def test_a_restarted_node_rejoins(cluster, tmp_path):
 def test_a_node_without_the_secret_is_refused(cluster, tmp_path):
     wait_until(lambda: members_up(cluster["n1"]) == 3, 10, "converged")
     intruder = start_node(
-        tmp_path, "intruder", join=cluster["n1"], env={"SLUICEGATE_CLUSTER_SECRET": "guess"}
+        tmp_path, "intruder", join=cluster["n1"], env={"SLUICEGATE_CLUSTER_SECRET": "a-guess-of-16-bytes"}
     )
     try:
         time.sleep(2)

@@ -40,7 +40,7 @@ C = 5
 down_after = "1s"
 gossip_interval = "200ms"
 """
-SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test"}
+SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test-secret"}
 
 
 def owner(nodes: dict[str, NodeProcess], semaphore: str) -> NodeProcess:

@@ -15,11 +15,16 @@ import trio.testing
 from trio_websocket import CloseReason, ConnectionClosed, wrap_client_stream, wrap_server_stream
 
 from sluicegate.node.links import (
+    ACCEPTOR,
     BACKOFF_MAX,
     CLOSE_UNAUTHORIZED,
+    DIALER,
     HANDSHAKE_MESSAGES,
     OUTBOX_LIMIT,
+    Challenge,
+    Hello,
     Links,
+    Welcome,
     proof_of_secret,
 )
 from sluicegate.node.wire import Codec
@@ -125,6 +130,41 @@ async def test_a_wrong_secret_is_refused_and_retried_with_backoff(autojump_clock
     assert all(conn.closed.code == CLOSE_UNAUTHORIZED for conn in network.servers)
 
 
+async def test_an_acceptor_that_cannot_prove_the_secret_is_not_believed(autojump_clock, nursery):
+    """A rogue seed answers the challenge's form but not its proof: the dialer hangs up
+    before any of the rogue's messages is delivered."""
+    received = []
+    rogue_closed = []
+
+    async def deliver(remote_id: str, messages: list[object]) -> None:
+        received.extend(messages)
+
+    async def rogue(stream) -> None:
+        async with trio.open_nursery() as nursery:
+            conn = await (await wrap_server_stream(nursery, stream)).accept()
+            await conn.send_message(CODEC.encode([Challenge("rogue", b"n" * 16)]))
+            hello = CODEC.decode(await conn.get_message())[0]
+            assert isinstance(hello, Hello)
+            await conn.send_message(CODEC.encode([Welcome("rogue", 1, b"\0" * 32)]))
+            await conn.send_message(CODEC.encode([Note("believe me")]))
+            try:
+                await conn.get_message()
+            except ConnectionClosed as closed:
+                rogue_closed.append(closed.reason.code)
+            nursery.cancel_scope.cancel()
+
+    async def dial(connection_nursery: trio.Nursery, address: str):
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        nursery.start_soon(rogue, server_stream)
+        return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
+
+    a = Links("a", b"s3cret", CODEC, dial, deliver, random.Random(1), 1)
+    assert await a.introduce("rogue:1", hold=5.0) is None
+    await trio.testing.wait_all_tasks_blocked()
+    assert received == []
+    assert rogue_closed == [CLOSE_UNAUTHORIZED]
+
+
 async def test_a_severed_link_is_redialled_and_queued_messages_follow(
     autojump_clock, network, nursery
 ):
@@ -210,12 +250,13 @@ async def test_dialing_the_wrong_node_is_refused(autojump_clock, network, nurser
     assert network.received["c"] == []
 
 
-def test_proofs_bind_the_nonce_and_both_ids():
-    base = proof_of_secret(b"k", b"nonce", "a", "b")
-    assert base == proof_of_secret(b"k", b"nonce", "a", "b")
-    assert base != proof_of_secret(b"k", b"nonce", "b", "a")
-    assert base != proof_of_secret(b"k", b"other", "a", "b")
-    assert base != proof_of_secret(b"x", b"nonce", "a", "b")
+def test_proofs_bind_the_role_the_nonce_and_both_ids():
+    base = proof_of_secret(b"k", DIALER, b"nonce", "a", "b")
+    assert base == proof_of_secret(b"k", DIALER, b"nonce", "a", "b")
+    assert base != proof_of_secret(b"k", ACCEPTOR, b"nonce", "a", "b")
+    assert base != proof_of_secret(b"k", DIALER, b"nonce", "b", "a")
+    assert base != proof_of_secret(b"k", DIALER, b"other", "a", "b")
+    assert base != proof_of_secret(b"x", DIALER, b"nonce", "a", "b")
 
 
 async def test_flush_waits_until_queued_messages_are_sent(autojump_clock, network, nursery):

@@ -221,3 +221,11 @@ def test_config_errors_name_the_key(text, message):
         parse_config(text, "node.toml")
     assert message in str(error.value)
     assert str(error.value).startswith("node.toml: ")
+
+
+def test_a_cluster_secret_shorter_than_16_bytes_exits_2(tmp_path):
+    result = run_node_expecting_exit(
+        ["--port", "0", "--node-id", "n1"], tmp_path, env={"SLUICEGATE_CLUSTER_SECRET": "short"}
+    )
+    assert result.returncode == 2
+    assert "the cluster secret must be 16 bytes or longer, not 5" in result.stderr
