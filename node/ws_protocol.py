@@ -33,6 +33,7 @@ from sluicegate.cluster.semaphore_ops import (
 
 from .rpc import Unavailable
 from .wire import MAX_FRAME
+from .wire import MAX_FRAME
 
 PROTOCOL_VERSION = 1
 MAX_REQUESTS_PER_FRAME = 10_000
@@ -135,8 +136,14 @@ def welcome(node_id: str, idle_timeout: float) -> bytes:
     )
 
 
-def encode_answers(answers: list[dict]) -> bytes:
-    return msgpack.packb(answers)
+def encode_answers(answers: list[dict]) -> list[bytes]:
+    """Answers in as few frames as fit in `MAX_FRAME` bytes each (one frame, but for
+    thousands of answers at once)."""
+    frame = msgpack.packb(answers)
+    if len(frame) <= MAX_FRAME or len(answers) == 1:
+        return [frame]
+    half = len(answers) // 2
+    return encode_answers(answers[:half]) + encode_answers(answers[half:])
 
 
 def decision(request_id: int, result: Decision) -> dict:
@@ -171,7 +178,13 @@ def ok(request_id: int, result: object) -> dict:
     return {"id": request_id, "ok": result}
 
 
+# The most characters of an error message: many quote what the client sent.
+LONGEST_MESSAGE = 200
+
+
 def error(request_id: int | None, code: str, message: str) -> dict:
+    if len(message) > LONGEST_MESSAGE:
+        message = message[:LONGEST_MESSAGE] + "..."
     return {"id": request_id, "error": code, "message": message}
 
 

@@ -4,9 +4,10 @@ The requests of a frame that this node serves are applied at once, in the task t
 frame, and their answers leave in one frame from that task: no other task wakes on the way. A
 waiting acquire is answered later, by a callback, and requests that belong to other nodes run as
 tasks that forward them; those answers leave from a sender task, whatever is ready when it wakes
-in one frame. At most `MAX_IN_FLIGHT` requests of one connection run at once; beyond that the
-connection is not read until some finish, so a flood slows its sender down (TCP pushes back) and
-nobody else.
+in one frame. At most `MAX_IN_FLIGHT` requests of one connection run at once, and at most
+`MAX_UNSENT` answers wait for a send that is under way; beyond either, the connection is not read
+until some finish, so a flood, or a client that does not read its answers, slows its sender down
+(TCP pushes back) and nobody else. A client that reads nothing for `SEND_TIMEOUT` is let go.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ from .semaphore_service import ClusterSemaphores, LocalSemaphores
 log = logging.getLogger("sluicegate.ws")
 
 MAX_IN_FLIGHT = 10_000
+MAX_UNSENT = 10_000
 HELLO_TIMEOUT = 10.0
 IDLE_TIMEOUT = 60.0
+SEND_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 1.0
+CLOSE_NOT_READING = 1008
 
 
 class WsConnection:
@@ -51,6 +56,9 @@ class WsConnection:
         # While a frame is applied, its answers wait for the end of the frame.
         self._applying = False
         self._sending = False
+        # When the send under way began (while one is), and set at the end of every send.
+        self._send_started = 0.0
+        self._sent = trio.Event()
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._last_frame = trio.current_time()
 
@@ -87,14 +95,23 @@ class WsConnection:
             frame = await self._ws.get_message()
             self._last_frame = trio.current_time()
             await self._run_frame(protocol.decode(frame, expect_hello=False), nursery)
+            while self._sending and len(self._answers) >= MAX_UNSENT:
+                await self._sent.wait()
 
     async def _watch_idleness(self) -> None:
-        """Close the connection after `idle_timeout` without a frame. (A watchdog, not a timeout
-        around each read: a cancel scope per frame costs more than the rest of a frame.)"""
+        """Close the connection after `idle_timeout` without a frame, or when one send has
+        waited `SEND_TIMEOUT` for the client to read. (A watchdog, not a timeout around each
+        read and send: a cancel scope per frame costs more than the rest of a frame.)"""
         while True:
             idle_from = self._last_frame + self._idle_timeout
-            if trio.current_time() < idle_from:
-                await trio.sleep_until(idle_from)
+            now = trio.current_time()
+            if self._sending and now >= self._send_started + SEND_TIMEOUT:
+                raise protocol.ProtocolViolation(CLOSE_NOT_READING, "the client reads no answers")
+            if now < idle_from:
+                wake = idle_from
+                if self._sending:
+                    wake = min(wake, self._send_started + SEND_TIMEOUT)
+                await trio.sleep_until(min(wake, now + SEND_TIMEOUT))
             elif self._in_flight.value < MAX_IN_FLIGHT:
                 self._last_frame = trio.current_time()  # waiting acquires keep a connection busy
             else:
@@ -197,12 +214,18 @@ class WsConnection:
         try:
             while self._answers:
                 answers, self._answers = self._answers, []
-                await self._ws.send_message(protocol.encode_answers(answers))
+                for frame in protocol.encode_answers(answers):
+                    self._send_started = trio.current_time()
+                    await self._ws.send_message(frame)
+                    self._sent.set()
+                    self._sent = trio.Event()
         finally:
             self._sending = False
 
     async def _close(self, code: int, reason: str) -> None:
         try:
-            await self._ws.aclose(code, reason)
+            # The close frame waits behind what the client has not read.
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._ws.aclose(code, reason)
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass

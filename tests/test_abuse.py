@@ -175,3 +175,38 @@ def test_what_a_client_chose_is_clipped_before_it_is_logged(tmp_path):
         # Twenty lines of at most a few hundred characters, not twenty megabytes.
         assert len(node.log()) - before < 20 * 1000
         bystander(node)
+
+
+def test_a_websocket_client_that_never_reads_is_held_to_a_bound(tmp_path):
+    from trio_websocket import open_websocket_url
+    import trio
+
+    # Waits are answered by tasks, not by the read loop: their answers go out through the
+    # connection's sender, which blocks once the client stops reading.
+    frame = msgpack.packb(
+        [{"id": i, "op": "wait", "limiter": "api", "timeout": 1} for i in range(1000)]
+    )
+    config = CONFIG + '[rate_limits]\napi = { algorithm = "gcra", burst = 1000000000, rate = 1e9 }\n'
+
+    async def never_read(url: str, node) -> int:
+        sent = 0
+        # trio-websocket queues one message, then stops reading the socket.
+        async with open_websocket_url(url, message_queue_size=1) as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            with trio.move_on_after(5):
+                while True:
+                    await ws.send_message(frame)
+                    sent += 1
+            await trio.to_thread.run_sync(bystander, node)
+            with trio.move_on_after(1):
+                await ws.aclose()
+        return sent
+
+    with NodeProcess(config, workdir=tmp_path) as node:
+        before = node.rss_mb()
+        sent = trio.run(never_read, f"ws://127.0.0.1:{node.port}/ws", node)
+        # The node stopped reading once its answers waited (and sent none of them in a frame
+        # above 1 MiB, which the client would have refused): the client's sends blocked.
+        assert sent < 500
+        assert node.rss_mb() - before < 100
+        bystander(node)
