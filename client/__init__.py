@@ -6,6 +6,7 @@ from .client import Client, Lease, connect
 from .session import (
     Deadlock,
     LeaseLost,
+    LimitReached,
     LockTimeout,
     RateDecision,
     RateLimited,
@@ -23,6 +24,7 @@ __all__ = [
     "Deadlock",
     "Lease",
     "LeaseLost",
+    "LimitReached",
     "LockTimeout",
     "RateDecision",
     "RateLimited",

@@ -67,6 +67,13 @@ class RateLimited(SluicegateError):
     code = "rate_limited"
 
 
+class LimitReached(SluicegateError):
+    """The node refused past one of its limits (`quota_full` or `beyond_limit`, README,
+    "Limits"); the message names the limit."""
+
+    code = "quota_full"
+
+
 class RequestRefused(SluicegateError):
     """Any other refusal of the protocol (bad request, never acquirable, already pending...)."""
 
@@ -75,6 +82,7 @@ _ERRORS = {
     cls.code: cls
     for cls in (UnknownSemaphore, UnknownPeer, Deadlock, Unavailable, LeaseLost, UnknownLimiter)
 }
+_ERRORS["quota_full"] = _ERRORS["beyond_limit"] = LimitReached
 
 
 def error_from(answer: dict) -> SluicegateError:

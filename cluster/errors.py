@@ -95,3 +95,32 @@ class InvalidWeight(RateLimitError):
         super().__init__(weight, max_weight)
         self.weight = weight
         self.max_weight = max_weight
+
+
+class LimitError(SemaphoreError, RateLimitError):
+    """A request past one of the node's limits (`cluster/limits.py`): `limit` names its key in
+    `[limits]`, `message` says what was asked or held."""
+
+    code = "limit"
+    status = 400
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(limit, message)
+        self.limit = limit
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} ([limits] {self.limit})"
+
+
+class BeyondLimit(LimitError):
+    """The request asks for more than any request may (400)."""
+
+    code = "beyond_limit"
+
+
+class QuotaFull(LimitError):
+    """The node holds as much of something as it may; the request would add to it (429)."""
+
+    code = "quota_full"
+    status = 429

@@ -27,6 +27,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
     Audit,
     LockAnswer,
@@ -90,8 +91,9 @@ class Home:
         self,
         semaphores: Mapping[str, SemaphoreConfig],
         owner_of: Callable[[str], str | None],
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
-        self.peers = PeerTable(semaphores)
+        self.peers = PeerTable(semaphores, limits.peers, limits.restore_count)
         self._owner_of = owner_of
         # Locks to tell their owners about again: (peer, semaphore) -> when.
         self._due: dict[tuple[int, str], float] = {}

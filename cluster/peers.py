@@ -23,9 +23,11 @@ from dataclasses import dataclass, replace
 
 from .errors import (
     AlreadyPending,
+    BeyondLimit,
     InvalidLockCount,
     LockHierarchyViolation,
     LockNeverAcquirable,
+    QuotaFull,
     RestoreConflict,
     ShrinkingLockCount,
     StaleOperation,
@@ -112,8 +114,18 @@ class _Peer:
 
 
 class PeerTable:
-    def __init__(self, semaphores: Mapping[str, SemaphoreConfig]) -> None:
+    def __init__(
+        self,
+        semaphores: Mapping[str, SemaphoreConfig],
+        most: int = 100_000,
+        restore_count: int = 1_000_000,
+    ) -> None:
+        """`most`: the most peers `new_peer` and `restore` bring the table to (peers a slot
+        brings along when this node takes it over are never refused); `restore_count`: the
+        largest count a restore may claim for one lock."""
         self._config = dict(semaphores)
+        self._most = most
+        self._restore_count = restore_count
         self._peers: dict[int, _Peer] = {}
         # (expires_at, peer_id); an entry is stale once the peer is gone or its expiry moved.
         self._expiry: list[tuple[float, int]] = []
@@ -128,6 +140,7 @@ class PeerTable:
         lease: float = 0.0,
     ) -> int:
         """A new peer with a random id; in a cluster, an id whose home is this node."""
+        self._make_room()
         while True:
             peer_id = rng.getrandbits(64)
             if peer_id not in self._peers and homed_here(peer_id):
@@ -295,14 +308,21 @@ class PeerTable:
         for name in acquired:
             if name not in self._config:
                 raise UnknownSemaphore(name)
-        for count in acquired.values():
+        for name, count in acquired.items():
             if count < 1:
                 raise InvalidLockCount(count)
+            if count > self._restore_count:
+                # Above max is allowed (max may have shrunk since the lock was granted); this
+                # much would starve the semaphore for the peer's whole life.
+                raise BeyondLimit(
+                    "restore_count", f"a restore of count {count} of {name!r} is too large"
+                )
         existing = self._peers.get(peer_id)
         if existing is not None:
             if existing.pending is None and existing.held == dict(acquired):
                 return None
             raise RestoreConflict()
+        self._make_room()
         peer = _Peer(expires_at, dict(acquired), lease)
         peer.op = op or 0
         tickets = {name: peer.ticket(name) for name in acquired}
@@ -385,6 +405,10 @@ class PeerTable:
         return expired
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _make_room(self) -> None:
+        if len(self._peers) >= self._most:
+            raise QuotaFull("peers", f"this node holds {len(self._peers)} peers, the most it may")
 
     def _peer(self, peer_id: int) -> _Peer:
         peer = self._peers.get(peer_id)

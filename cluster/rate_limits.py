@@ -30,7 +30,8 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import InvalidWeight, UnknownLimiter
+from .errors import BeyondLimit, InvalidWeight, QuotaFull, UnknownLimiter
+from .limits import DEFAULT_LIMITS, Limits
 from .rate_algorithms import ALGORITHMS, Algorithm, Decision
 from .ring import rate_key
 from .slots import NO_BALLOT, Ballot, slot_of
@@ -187,10 +188,15 @@ class RateLimits:
         configs: Mapping[str, RateLimiterConfig],
         origin: str = "",
         rng: random.Random | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self._algorithms = {name: config.build() for name, config in configs.items()}
         self._modes = {name: config.mode for name, config in configs.items()}
         self._states: dict[tuple[str, str], object] = {}
+        # Keys in `_states` per limiter: a check of a new key past `limits.rate_limit_keys` is
+        # refused (keys handed over or gossiped by other nodes are kept regardless).
+        self._key_counts = dict.fromkeys(configs, 0)
+        self._limits = limits
         # A key's state is kept while it remembers a go (see `evict`): both are handed over.
         self.goes = RememberedGoes()
         self.origin = origin
@@ -247,6 +253,8 @@ class RateLimits:
         algorithm = self._algorithms.get(limiter)
         if algorithm is None or not 1 <= n <= algorithm.max_weight:
             self.validate(limiter, n)  # raises what is wrong
+        if len(key) > self._limits.key_length:
+            raise BeyondLimit("key_length", f"a key of {len(key)} characters")
         which = (limiter, key)
         if retry_id is not None:
             repeated = self.goes.find(which, retry_id)
@@ -255,6 +263,11 @@ class RateLimits:
                 return repeated
         state = self._states.get(which)
         if state is None:
+            if self._key_counts[limiter] >= self._limits.rate_limit_keys:
+                raise QuotaFull(
+                    "rate_limit_keys",
+                    f"rate limiter {limiter!r} keeps {self._key_counts[limiter]} keys here",
+                )
             state = self._state(limiter, algorithm, key, now)
         decision = algorithm.check(state, n, now)
         if decision.go:
@@ -323,7 +336,7 @@ class RateLimits:
         (docs/cluster.md, "Rate limits in exact mode")."""
         for key in self.held_keys():
             if slot_of(rate_key(*key)) == slot:
-                del self._states[key]
+                self._forget(key)
         for kept, (_, at) in list(self._handovers.items()):
             if at < now - HANDOVER_KEPT:
                 del self._handovers[kept]  # another member took that slot
@@ -344,8 +357,10 @@ class RateLimits:
         """The states of `keys`, to send; `drop` forgets them here."""
         states = []
         for key in keys:
-            state = self._states.pop(key, None) if drop else self._states.get(key)
+            state = self._states.get(key)
             if state is not None:
+                if drop:
+                    self._forget(key)
                 algorithm = self._algorithms[key[0]]
                 goes = self.goes.export(key, drop)
                 states.append(RateState(key[0], key[1], algorithm.values(state), goes))
@@ -360,7 +375,7 @@ class RateLimits:
             key = (item.limiter, item.key)
             state = algorithm.from_values(item.values)
             known = self._states.get(key)
-            self._states[key] = algorithm.merge(known, state) if known is not None else state
+            self._keep(key, algorithm.merge(known, state) if known is not None else state)
             self.goes.store(key, item.goes)
 
     def spent_slots(self) -> int:
@@ -398,7 +413,7 @@ class RateLimits:
             if self._algorithms[key[0]].idle_at(state) <= now and not self.goes.has(key)
         ]
         for key in idle:
-            del self._states[key]
+            self._forget(key)
         for slot, since in list(self._spent_since.items()):
             if since + self._horizon <= now:
                 del self._spent_since[slot]
@@ -416,8 +431,17 @@ class RateLimits:
                 else None
             )
             state = algorithm.new_state(now) if spent_at is None else algorithm.spent(spent_at)
-            self._states[(limiter, key)] = state
+            self._keep((limiter, key), state)
         return state
+
+    def _keep(self, key: tuple[str, str], state: object) -> None:
+        if key not in self._states:
+            self._key_counts[key[0]] += 1
+        self._states[key] = state
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        if self._states.pop(key, None) is not None:
+            self._key_counts[key[0]] -= 1
 
 
 class RememberedGoes:

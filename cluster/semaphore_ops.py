@@ -9,8 +9,10 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .semaphores import SemaphoreCore
+if TYPE_CHECKING:
+    from .semaphores import SemaphoreCore
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+from .limits import DEFAULT_LIMITS, Limits
 from .peers import AskOwner, PeerRemoved, PeerTable
 from .semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases, SemaphoreStats
 
@@ -35,8 +36,13 @@ Event = LockGranted | PeerRemoved
 
 
 class SemaphoreCore:
-    def __init__(self, semaphores: Mapping[str, SemaphoreConfig], epoch: int = 0) -> None:
-        self._peers = PeerTable(semaphores)
+    def __init__(
+        self,
+        semaphores: Mapping[str, SemaphoreConfig],
+        epoch: int = 0,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self._peers = PeerTable(semaphores, limits.peers, limits.restore_count)
         self._leases = SemaphoreLeases(semaphores, epoch)
         self._events: list[Event] = []
 

@@ -27,8 +27,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import NotServing, SemaphoreError, UnknownPeer, UnknownSemaphore
+from .errors import NotServing, QuotaFull, SemaphoreError, UnknownPeer, UnknownSemaphore
 from .home import Confirmed, Granted, Home, Queued, Removed
+from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
     Audit,
     HomeToOwner,
@@ -115,6 +116,7 @@ class Shard:
         rng: random.Random,
         *,
         cold_start_grace: float = 0.0,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.me = me
         self.ownership = ownership
@@ -124,7 +126,8 @@ class Shard:
         self._slot_semaphores: dict[int, list[str]] = defaultdict(list)
         for name, slot in self._semaphore_slot.items():
             self._slot_semaphores[slot].append(name)
-        self.home = Home(semaphores, owner_of=self._owner_of_semaphore)
+        self.home = Home(semaphores, owner_of=self._owner_of_semaphore, limits=limits)
+        self._waits_per_peer = limits.waits_per_peer
         self.owner = Owner(semaphores, home_of=self._home_of, cold_start_grace=cold_start_grace)
         self._parked = ParkedAcquires()
         # Answers about a peer that wait for the confirmation of its releases.
@@ -172,6 +175,8 @@ class Shard:
         # Answers that wait for the peer's releases, if it has any (see the module).
         peer_id = op.peer_id if isinstance(op, Acquire | ReleaseLock | ReleasePeer) else None
         try:
+            if isinstance(op, Acquire):
+                self._make_room_to_wait(op.peer_id)
             result = self._apply(op, now)
         except SemaphoreError as error:
             self._reply(peer_id, Answer(request_id, error=error))
@@ -325,6 +330,10 @@ class Shard:
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self.home.peers.token(op.peer_id, op.semaphore))
 
+    def _make_room_to_wait(self, peer_id: int) -> None:
+        waiting = self._parked.count_of(peer_id)
+        if waiting >= self._waits_per_peer:
+            raise QuotaFull("waits_per_peer", f"peer {peer_id} has {waiting} acquires waiting")
 
     # -- messages ---------------------------------------------------------------------------
 

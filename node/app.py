@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
+
 from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .links import Links, MessageConnection
@@ -24,12 +26,14 @@ class NodeApp:
         rate_limits: RateLimitService,
         node_id: str = "node",
         extra_metrics: Callable[[], str] = lambda: "",
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.throttle = ThrottleApi(semaphores, rate_limits, extra_metrics)
         self.router = Router(self.throttle)
         self.links: Links | None = None
         # How this node names itself to `/ws` clients (its cluster id once it has one).
         self.node_id = node_id
+        self._limits = limits
 
     def join_cluster(self, semaphores: ClusterSemaphores, links: Links) -> None:
         """From now on, serve semaphores through the cluster, and node links at `/cluster`."""
@@ -39,7 +43,7 @@ class NodeApp:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            request = Request(scope, receive)
+            request = Request(scope, receive, self._limits.request_size)
             response = await handle(self.router, request)
             if response is not None:
                 await _send(send, response, head=request.method == "HEAD")
@@ -66,7 +70,13 @@ class NodeApp:
 
     async def _serve_client(self, websocket: MessageConnection) -> None:
         throttle = self.throttle
-        await WsConnection(websocket, throttle.semaphores, throttle.rate_limits, self.node_id).run()
+        await WsConnection(
+            websocket,
+            throttle.semaphores,
+            throttle.rate_limits,
+            self.node_id,
+            peers_per_connection=self._limits.peers_per_connection,
+        ).run()
 
 
 async def _send(send, response: Response, head: bool) -> None:

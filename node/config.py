@@ -44,6 +44,15 @@ Bounds on what clients can make a node hold (README, "Limits"):
 ```toml
 [limits]
 connections = 4096                # open connections; one more is answered 503 and closed
+peers = 100000                    # peers homed on this node
+peers_per_connection = 1000       # live peers one /ws connection made
+waits_per_peer = 16               # acquires of one peer waiting at once
+longest_expires_in = "90d"        # a longer expiry is refused
+longest_block_for = "1h"          # a longer long poll is cut to this
+restore_count = 1000000           # the largest count a restore may claim for one lock
+rate_limit_keys = 100000          # keys one rate limiter keeps on this node
+key_length = 256                  # characters of a rate-limit key
+request_size = 1048576            # bytes of an HTTP request body
 ```
 """
 
@@ -55,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluicegate.cluster.durations import DurationError, parse_duration
+from sluicegate.cluster.limits import Limits
 from sluicegate.cluster.rate_limits import MODES, RateLimiterConfig
 from sluicegate.cluster.semaphores import SemaphoreConfig
 
@@ -88,17 +98,12 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
-class LimitsConfig:
-    connections: int = 4096
-
-
-@dataclass(frozen=True)
 class NodeConfig:
     semaphores: dict[str, SemaphoreConfig] = field(default_factory=dict)
     rate_limits: dict[str, RateLimiterConfig] = field(default_factory=dict)
     log_level: str | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    limits: Limits = field(default_factory=Limits)
 
 
 def parse_config(text: str, source: str = "<config>") -> NodeConfig:
@@ -259,18 +264,19 @@ def _cluster(table: object, source: str) -> ClusterConfig:
     )
 
 
-def _limits(table: object, source: str) -> LimitsConfig:
+def _limits(table: object, source: str) -> Limits:
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: [limits] must be a table")
-    unknown = set(table) - set(LimitsConfig.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"{source}: limits.{sorted(unknown)[0]} is not a limit")
-    defaults = LimitsConfig()
-    return LimitsConfig(
-        connections=_integer(
-            table.get("connections", defaults.connections), "limits.connections", source, (1, 10**7)
-        ),
-    )
+    limits = {}
+    for key, value in table.items():
+        if key not in Limits.__dataclass_fields__:
+            raise ConfigError(f"{source}: limits.{key} is not a limit")
+        default = getattr(Limits, key)
+        if isinstance(default, float):
+            limits[key] = _duration(table, key, default, source, prefix="limits")
+        else:
+            limits[key] = _integer(value, f"limits.{key}", source, (1, _I64[1]))
+    return Limits(**limits)
 
 
 def _duration(

@@ -41,8 +41,6 @@ from .throttle_metrics import render as render_throttle_metrics
 
 log = logging.getLogger("sluicegate.http")
 
-MAX_BODY = 1024 * 1024
-
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
 HTML = "text/html; charset=utf-8"
@@ -121,13 +119,17 @@ def domain_error(error: errors.SemaphoreError) -> Response:
 
 
 class Request:
-    def __init__(self, scope: dict, receive: Callable[[], Awaitable[dict]]) -> None:
+    def __init__(
+        self, scope: dict, receive: Callable[[], Awaitable[dict]], most: int = 1024 * 1024
+    ) -> None:
+        """`most`: the largest body read (413 past it)."""
         self.method: str = scope["method"]
         raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
         self.raw_path: bytes = raw_path.split(b"?", 1)[0]
         self.query: bytes = scope.get("query_string", b"")
         self.headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
         self._receive = receive
+        self._most = most
         self._body_read = trio.Event()
 
     def header(self, name: bytes) -> bytes | None:
@@ -138,7 +140,11 @@ class Request:
 
     async def body(self) -> bytes:
         length = self.header(b"content-length")
-        if length is not None and length.isdigit() and (len(length) > 9 or int(length) > MAX_BODY):
+        if (
+            length is not None
+            and length.isdigit()
+            and (len(length) > 18 or int(length) > self._most)
+        ):
             raise Rejection(text("Failed to buffer the request body: length limit exceeded", 413))
         chunks, size = [], 0
         while True:
@@ -147,7 +153,7 @@ class Request:
                 raise Rejection(text("Client disconnected", 400))
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > MAX_BODY:
+            if size > self._most:
                 raise Rejection(
                     text("Failed to buffer the request body: length limit exceeded", 413)
                 )
@@ -478,6 +484,10 @@ async def _answer(handler: Callable[[Request], Awaitable[Response]], request: Re
         return await handler(request)
     except Rejection as rejection:
         return rejection.response
+    except errors.LimitError as error:
+        if request.raw_path.startswith(b"/rate_limits/"):
+            return rate_limit_error(error.code, str(error), error.status)
+        return text(str(error), error.status)
     except errors.SemaphoreError as error:
         return domain_error(error)
     except errors.RateLimitError as error:

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import trio
 
-from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
+from sluicegate.cluster.errors import QuotaFull, SemaphoreError, UnknownPeer
 from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
 from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
 
@@ -108,8 +108,11 @@ _Message = _StopBlocking | _Stats
 
 
 class SemaphoreActor:
-    def __init__(self, core: SemaphoreCore, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, core: SemaphoreCore, *, rng: random.Random | None = None, waits_per_peer: int = 16
+    ) -> None:
         self._core = core
+        self._waits_per_peer = waits_per_peer
         # Peer ids must not be guessable from the ones a client has seen: the system's source.
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
@@ -246,6 +249,12 @@ class SemaphoreActor:
     def _apply(self, request: _Request, now: float) -> None:
         op = request.op
         try:
+            if isinstance(op, Acquire):
+                waiting = len(self._parked.get(op.peer_id, ()))
+                if waiting >= self._waits_per_peer:
+                    raise QuotaFull(
+                        "waits_per_peer", f"peer {op.peer_id} has {waiting} acquires waiting"
+                    )
             result = apply(self._core, op, now, self._rng)
         except SemaphoreError as error:
             request.fail(error)

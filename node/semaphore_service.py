@@ -20,7 +20,8 @@ import time
 
 import trio
 
-from sluicegate.cluster.errors import NotServing
+from sluicegate.cluster.errors import LimitError, NotServing
+from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     Heartbeat,
@@ -49,6 +50,19 @@ FORWARD_TIMEOUT = 10.0
 WATCH_INTERVAL = 0.1
 
 
+def admitted(
+    limits: Limits, requests: list[tuple[Operation, Answered]]
+) -> list[tuple[Operation, Answered]]:
+    """The requests as `limits` lets them in; those it refuses are answered with the error."""
+    result = []
+    for op, answered in requests:
+        try:
+            result.append((limits.admit(op), answered))
+        except LimitError as error:
+            answered(None, error)
+    return result
+
+
 def epoch_now() -> int:
     """Fencing epoch: wall-clock milliseconds, which grow from one owner to the next."""
     return time.time_ns() // 1_000_000
@@ -59,18 +73,19 @@ class LocalSemaphores:
 
     ready = True
 
-    def __init__(self, actor: SemaphoreActor) -> None:
+    def __init__(self, actor: SemaphoreActor, limits: Limits = DEFAULT_LIMITS) -> None:
         self._actor = actor
+        self._limits = limits
 
     async def call(self, op: Operation) -> object:
-        return await self._actor.call(op)
+        return await self._actor.call(self._limits.admit(op))
 
     def serves_here(self, op: Operation) -> bool:
         return True
 
     def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
         """Apply operations now, each callback getting its outcome (`SemaphoreActor.submit`)."""
-        self._actor.submit(requests, owner)
+        self._actor.submit(admitted(self._limits, requests), owner)
 
     def withdraw(self, owner: object) -> None:
         """Forget what `owner` submitted and still waits."""
@@ -92,6 +107,7 @@ class ClusterSemaphores:
         rpc: Rpc,
         *,
         takeover: float,
+        limits: Limits = DEFAULT_LIMITS,
         clock: Clock = TRIO_CLOCK,
     ) -> None:
         """`takeover`: how long a slot can go without an acting owner, seen from a member that
@@ -102,6 +118,7 @@ class ClusterSemaphores:
         self._rpc = rpc
         self._clock = clock
         self._takeover = takeover
+        self._limits = limits
         self._members: tuple | None = None
         self.forwarded = 0
 
@@ -128,6 +145,7 @@ class ClusterSemaphores:
     async def call(self, op: Operation) -> object:
         """Serve `op` wherever its state lives; `Unavailable` (503) while that cannot be done."""
         try:
+            op = self._limits.admit(op)
             if isinstance(op, ListPeers):
                 return await self._list_peers()
             target = self._target(op)
@@ -159,7 +177,7 @@ class ClusterSemaphores:
     def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
         """Apply operations this node serves now, each callback getting its outcome; a
         `NotServing` error means 503."""
-        self._actor.submit(requests, owner)
+        self._actor.submit(admitted(self._limits, requests), owner)
 
     def withdraw(self, owner: object) -> None:
         """Forget what `owner` submitted here and still waits (forwarded calls withdraw when

@@ -78,7 +78,11 @@ async def run_node(
 ) -> None:
     """Serve until SIGTERM or SIGINT; `task_status.started` receives the bound URL."""
     # Fencing tokens continue above this node's previous life: its start time orders its lives.
-    actor = SemaphoreActor(SemaphoreCore(config.semaphores, epoch=epoch_now()))
+    limits = config.limits
+    actor = SemaphoreActor(
+        SemaphoreCore(config.semaphores, epoch=epoch_now(), limits=limits),
+        waits_per_peer=limits.waits_per_peer,
+    )
     hypercorn = HypercornConfig()
     hypercorn.bind = [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"]
     hypercorn.graceful_timeout = GRACEFUL_TIMEOUT
@@ -110,12 +114,18 @@ async def run_node(
                 return
 
     rate_limits = RateLimitService(
-        RateLimits(config.rate_limits), gossip_interval=config.cluster.rate_gossip_interval
+        RateLimits(config.rate_limits, limits=limits),
+        gossip_interval=config.cluster.rate_gossip_interval,
     )
     metrics = NodeMetrics()
     if config.rate_limits:  # none configured: /metrics stays exactly Throttle's
         metrics.registry.register(RateLimitCollector(rate_limits))
-    app = NodeApp(LocalSemaphores(actor), rate_limits, extra_metrics=metrics.render)
+    app = NodeApp(
+        LocalSemaphores(actor, limits),
+        rate_limits,
+        extra_metrics=metrics.render,
+        limits=limits,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         await nursery.start(actor.run)
@@ -127,7 +137,7 @@ async def run_node(
                     hypercorn,
                     app.websocket_route,
                     shutdown_trigger=stopping.wait,
-                    max_connections=connection_limit(config.limits.connections),
+                    max_connections=connection_limit(limits.connections),
                     task_status=task_status,
                 )
             )
@@ -233,7 +243,12 @@ async def join_cluster(
         now=clock.now(),
     )
     shard = Shard(
-        node_id, config.semaphores, ownership, rng, cold_start_grace=cluster.cold_start_grace
+        node_id,
+        config.semaphores,
+        ownership,
+        rng,
+        cold_start_grace=cluster.cold_start_grace,
+        limits=config.limits,
     )
     shard_actor = ShardActor(
         shard,
@@ -246,6 +261,7 @@ async def join_cluster(
         membership_actor,
         rpc,
         takeover=takeover_bound(cluster.down_after, ownership.lease),
+        limits=config.limits,
         clock=clock,
     )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))

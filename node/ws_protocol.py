@@ -33,7 +33,6 @@ from sluicegate.cluster.semaphore_ops import (
 
 from .rpc import Unavailable
 from .wire import MAX_FRAME
-from .wire import MAX_FRAME
 
 PROTOCOL_VERSION = 1
 MAX_REQUESTS_PER_FRAME = 10_000
@@ -191,6 +190,8 @@ def error(request_id: int | None, code: str, message: str) -> dict:
 def domain_error(request_id: int, failure: Exception) -> dict:
     """The one place that turns an error of the core (or the cluster) into a stable code."""
     match failure:
+        case errors.LimitError(code=code):
+            return error(request_id, code, str(failure))
         case errors.UnknownSemaphore(semaphore=name):
             return error(request_id, "unknown_semaphore", f"Unknown semaphore {name!r}")
         case errors.UnknownPeer(peer_id=peer_id):

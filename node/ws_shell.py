@@ -17,8 +17,17 @@ import logging
 import trio
 from trio_websocket import ConnectionClosed
 
-from sluicegate.cluster.errors import RateLimitError, SemaphoreError
+from sluicegate.cluster.errors import QuotaFull, RateLimitError, SemaphoreError, UnknownPeer
 from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation
+from sluicegate.cluster.semaphore_ops import (
+    Acquire,
+    Heartbeat,
+    IsAcquired,
+    NewPeer,
+    ReleaseLock,
+    ReleasePeer,
+    Restore,
+)
 
 from . import ws_protocol as protocol
 from .links import MessageConnection
@@ -35,6 +44,8 @@ IDLE_TIMEOUT = 60.0
 SEND_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 1.0
 CLOSE_NOT_READING = 1008
+# Operations whose answers tell of a peer's life: made, restored, released, or unknown.
+_PEER_LIFE = (NewPeer, Restore, ReleasePeer, Acquire, ReleaseLock, Heartbeat, IsAcquired)
 
 
 class WsConnection:
@@ -45,6 +56,7 @@ class WsConnection:
         rate_limits: RateLimitService,
         node_id: str,
         idle_timeout: float = IDLE_TIMEOUT,
+        peers_per_connection: int = 1_000,
     ) -> None:
         self._ws = websocket
         self._semaphores = semaphores
@@ -61,6 +73,11 @@ class WsConnection:
         self._sent = trio.Event()
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._last_frame = trio.current_time()
+        # Peers this connection made (or restored) and has not seen the end of, and requests
+        # that may make one, in flight.
+        self._peers: set[int] = set()
+        self._making_peers = 0
+        self._most_peers = peers_per_connection
 
     async def run(self) -> None:
         try:
@@ -127,6 +144,15 @@ class WsConnection:
                 continue
             if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(item):
                 continue
+            if isinstance(item.op, NewPeer | Restore):
+                if len(self._peers) + self._making_peers >= self._most_peers:
+                    refusal = QuotaFull(
+                        "peers_per_connection",
+                        f"this connection made {len(self._peers)} peers that are still live",
+                    )
+                    self._answers.append(self._refusal(item.request_id, refusal))
+                    continue
+                self._making_peers += 1
             try:
                 self._in_flight.acquire_nowait()
             except trio.WouldBlock:
@@ -136,7 +162,7 @@ class WsConnection:
             if isinstance(item.op, RateOperation):
                 nursery.start_soon(self._serve, item, self._rate_limits.call)
             elif self._semaphores.serves_here(item.op):
-                here.append((item.op, self._answerer(item.request_id)))
+                here.append((item.op, self._answerer(item.request_id, item.op)))
             else:
                 nursery.start_soon(self._serve, item, self._semaphores.call)
         self._apply(here)
@@ -166,8 +192,12 @@ class WsConnection:
         finally:
             self._applying = False
 
-    def _answerer(self, request_id: int):
+    def _answerer(self, request_id: int, op: object):
+        follows_peers = isinstance(op, _PEER_LIFE)
+
         def answered(result: object, failure: BaseException | None) -> None:
+            if follows_peers:
+                self._follow_peers(op, result, failure)
             if failure is None:
                 self._answer(protocol.ok(request_id, result))
             else:
@@ -175,6 +205,15 @@ class WsConnection:
             self._in_flight.release()
 
         return answered
+
+    def _follow_peers(self, op: object, result: object, failure: BaseException | None) -> None:
+        """Note the peers this connection made, and the end of those it hears of."""
+        if isinstance(op, NewPeer | Restore):
+            self._making_peers -= 1
+            if failure is None:
+                self._peers.add(result if isinstance(op, NewPeer) else op.peer_id)
+        elif isinstance(op, ReleasePeer) or isinstance(failure, UnknownPeer):
+            self._peers.discard(op.peer_id)
 
     def _refusal(self, request_id: int, failure: Exception) -> dict:
         """The error answer; a 503 says how long to keep asking here (docs/protocol.md)."""
@@ -187,7 +226,7 @@ class WsConnection:
 
     async def _serve(self, request: protocol.Request, call) -> None:
         """A request for another node, or a rate-limit wait: answered when done, like the rest."""
-        answered = self._answerer(request.request_id)
+        answered = self._answerer(request.request_id, request.op)
         try:
             result = await call(request.op)
         except (SemaphoreError, RateLimitError, Unavailable) as failure:

@@ -18,7 +18,7 @@ from .nodes import NodeProcess, wait_until
 
 pytestmark = pytest.mark.process
 
-CONFIG = "[semaphores]\nA = 1000\n"
+CONFIG = "[semaphores]\nA = 1000\nB = 1\n"
 
 
 def request(node, method: str, path: str, body: bytes | None = None, timeout: float = 5.0):
@@ -133,8 +133,8 @@ def test_numbers_of_any_length_get_the_documented_error(tmp_path, method, path, 
 
 
 def test_msgpack_of_any_shape_closes_the_websocket_with_1007(tmp_path):
-    from trio_websocket import ConnectionClosed, open_websocket_url
     import trio
+    from trio_websocket import ConnectionClosed, open_websocket_url
 
     async def main(url: str) -> int:
         with trio.fail_after(10):
@@ -156,8 +156,8 @@ def test_msgpack_of_any_shape_closes_the_websocket_with_1007(tmp_path):
 
 
 def test_what_a_client_chose_is_clipped_before_it_is_logged(tmp_path):
-    from trio_websocket import ConnectionClosed, open_websocket_url
     import trio
+    from trio_websocket import ConnectionClosed, open_websocket_url
 
     async def main(url: str) -> None:
         for _ in range(20):
@@ -178,15 +178,17 @@ def test_what_a_client_chose_is_clipped_before_it_is_logged(tmp_path):
 
 
 def test_a_websocket_client_that_never_reads_is_held_to_a_bound(tmp_path):
-    from trio_websocket import open_websocket_url
     import trio
+    from trio_websocket import open_websocket_url
 
     # Waits are answered by tasks, not by the read loop: their answers go out through the
     # connection's sender, which blocks once the client stops reading.
     frame = msgpack.packb(
         [{"id": i, "op": "wait", "limiter": "api", "timeout": 1} for i in range(1000)]
     )
-    config = CONFIG + '[rate_limits]\napi = { algorithm = "gcra", burst = 1000000000, rate = 1e9 }\n'
+    config = (
+        CONFIG + '[rate_limits]\napi = { algorithm = "gcra", burst = 1000000000, rate = 1e9 }\n'
+    )
 
     async def never_read(url: str, node) -> int:
         sent = 0
@@ -209,4 +211,132 @@ def test_a_websocket_client_that_never_reads_is_held_to_a_bound(tmp_path):
         # above 1 MiB, which the client would have refused): the client's sends blocked.
         assert sent < 500
         assert node.rss_mb() - before < 100
+        bystander(node)
+
+
+async def _ws_session(url: str, frames: list[list[dict]]) -> list[dict]:
+    """Send `frames` of requests on one /ws connection; every answer, once all came (waits of
+    up to a second included)."""
+    import trio
+    from trio_websocket import open_websocket_url
+
+    expected = sum(len(frame) for frame in frames)
+    answers: list[dict] = []
+    with trio.fail_after(30):
+        async with open_websocket_url(url, max_message_size=2**21) as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            for frame in frames:
+                await ws.send_message(msgpack.packb(frame))
+            while len(answers) < expected:
+                answers.extend(msgpack.unpackb(await ws.get_message(), strict_map_key=False))
+    return answers
+
+
+def ws_session(node, frames: list[list[dict]]) -> list[dict]:
+    import trio
+
+    return trio.run(_ws_session, f"ws://127.0.0.1:{node.port}/ws", frames)
+
+
+def test_one_websocket_connection_makes_at_most_its_share_of_peers(tmp_path):
+    config = CONFIG + "[limits]\npeers_per_connection = 100\npeers = 1000\n"
+    with NodeProcess(config, workdir=tmp_path) as node:
+        frames = [
+            [{"id": i, "op": "new_peer", "expires_in": 60} for i in range(start, start + 50)]
+            for start in range(0, 300, 50)
+        ]
+        answers = ws_session(node, frames)
+        made = [a for a in answers if "ok" in a]
+        refused = [a for a in answers if a.get("error") == "quota_full"]
+        assert len(made) == 100 and len(refused) == 200
+        assert refused[0]["message"].endswith("([limits] peers_per_connection)")
+        bystander(node)
+
+
+def test_the_node_holds_at_most_its_peers_and_says_which_limit(tmp_path):
+    with NodeProcess(CONFIG + "[limits]\npeers = 20\n", workdir=tmp_path) as node:
+        peers = []
+        for _ in range(20):
+            status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
+            assert status == 200
+            peers.append(json.loads(body))
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
+        assert status == 429
+        assert body == b"this node holds 20 peers, the most it may ([limits] peers)"
+        assert request(node, "DELETE", f"/peers/{peers[0]}")[0] == 200
+        bystander(node)
+
+
+def test_rate_limit_keys_and_their_length_are_bounded(tmp_path):
+    config = (
+        CONFIG
+        + '[rate_limits]\napi = { algorithm = "gcra", burst = 10, rate = 5 }\n'
+        + "[limits]\nrate_limit_keys = 200\n"
+    )
+    with NodeProcess(config, workdir=tmp_path) as node:
+        before = node.rss_mb()
+        checks = [{"id": i, "op": "check", "limiter": "api", "key": f"k{i}"} for i in range(300)]
+        huge = [{"id": 300, "op": "check", "limiter": "api", "key": "x" * 900_000}]
+        answers = ws_session(node, [checks, huge] * 5)
+        codes = [a.get("error", "go") for a in answers]
+        # Each time: keys k0 to k199 are kept and decided, k200 to k299 refused.
+        assert codes.count("go") == 1000
+        assert codes.count("quota_full") == 500
+        assert codes.count("beyond_limit") == 5
+        # Refusals quote at most 200 characters of what they were sent.
+        assert max(len(a.get("message", "")) for a in answers) < 300
+        assert node.rss_mb() - before < 50
+        status, body = request(node, "POST", "/rate_limits/api/check?key=new")
+        assert status == 429 and json.loads(body)["error"] == "quota_full"
+        assert request(node, "POST", "/rate_limits/api/check?key=k1")[0] == 200
+        bystander(node)
+
+
+def test_expiries_long_polls_and_restores_past_their_limits(tmp_path):
+    config = CONFIG + '[limits]\nlongest_block_for = "1s"\n'
+    with NodeProcess(config, workdir=tmp_path) as node:
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1000000000years"}')
+        assert status == 400
+        assert body.endswith(b"is longer than 7.776e+06 s ([limits] longest_expires_in)")
+        status, body = request(
+            node,
+            "POST",
+            "/restore",
+            b'{"expires_in":"1h","peer_id":7,"acquired":{"B":%d}}' % (2**63 - 1),
+        )
+        assert (status, body) == (
+            400,
+            b"a restore of count 9223372036854775807 of 'B' is too large ([limits] restore_count)",
+        )
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
+        holder = json.loads(body)
+        assert request(node, "PUT", f"/peers/{holder}/B", b"1")[0] == 200
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
+        waiter = json.loads(body)
+        started = time.monotonic()
+        status, _ = request(node, "PUT", f"/peers/{waiter}/B?block_for=1000000000years", b"1")
+        assert status == 202 and 0.9 < time.monotonic() - started < 3
+        assert request(node, "DELETE", f"/peers/{holder}")[0] == 200
+        assert request(node, "GET", "/remainder?semaphore=B") == (200, b"0")  # the waiter has it
+        bystander(node)
+
+
+def test_waiting_acquires_of_one_peer_are_bounded(tmp_path):
+    with NodeProcess(CONFIG, workdir=tmp_path) as node:
+        before = node.rss_mb()
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
+        holder = json.loads(body)
+        assert request(node, "PUT", f"/peers/{holder}/B", b"1")[0] == 200
+        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
+        waiter = json.loads(body)
+        waits = [
+            {"id": i, "op": "acquire", "peer": waiter, "semaphore": "B", "wait": 1}
+            for i in range(10_000)
+        ]
+        answers = ws_session(node, [waits])
+        codes = [a.get("error", "ok") for a in answers]
+        assert codes.count("quota_full") == 10_000 - 16
+        assert codes.count("ok") == 16  # each "not yet" after its second
+        assert node.rss_mb() - before < 50
         bystander(node)

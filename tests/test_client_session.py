@@ -88,3 +88,13 @@ def test_a_peer_whose_release_is_unsettled_is_dropped_not_reused():
     peer.unsettled = True
     session.put_back(peer)
     assert session.idle_peer() is None and 5 not in session.peers
+
+
+def test_refusals_past_a_limit_are_limit_reached_naming_the_limit():
+    from sluicegate.client import LimitReached
+    from sluicegate.client.session import error_from
+
+    for code in ("quota_full", "beyond_limit"):
+        error = error_from({"id": 1, "error": code, "message": "... ([limits] peers)"})
+        assert isinstance(error, LimitReached) and error.code == code
+        assert str(error).endswith("([limits] peers)")

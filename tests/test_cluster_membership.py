@@ -100,7 +100,10 @@ def test_a_restarted_node_rejoins(cluster, tmp_path):
 def test_a_node_without_the_secret_is_refused(cluster, tmp_path):
     wait_until(lambda: members_up(cluster["n1"]) == 3, 10, "converged")
     intruder = start_node(
-        tmp_path, "intruder", join=cluster["n1"], env={"SLUICEGATE_CLUSTER_SECRET": "a-guess-of-16-bytes"}
+        tmp_path,
+        "intruder",
+        join=cluster["n1"],
+        env={"SLUICEGATE_CLUSTER_SECRET": "a-guess-of-16-bytes"},
     )
     try:
         time.sleep(2)

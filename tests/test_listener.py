@@ -167,7 +167,9 @@ async def test_a_connection_past_the_limit_is_answered_503_and_closed(nursery):
     with trio.fail_after(TIMEOUT):
         held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
         await trio.sleep(0.1)
-        answer = await raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n", until=b"retry.")
+        answer = await raw_exchange(
+            port, b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n", until=b"retry."
+        )
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
         assert answer.endswith(b"holds at most 3 at once ([limits] connections); retry.")
         await held.pop().aclose()

@@ -214,8 +214,12 @@ async def test_withdraw_forgets_only_its_owners_waits(autojump_clock, actor, nur
     await actor.call(Acquire(holder, "A", 1))
     answers = []
     connection, other = object(), object()
-    actor.submit([(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("gone"))], connection)
-    actor.submit([(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("kept"))], other)
+    actor.submit(
+        [(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("gone"))], connection
+    )
+    actor.submit(
+        [(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("kept"))], other
+    )
     actor.withdraw(connection)
     await actor.call(ReleaseLock(holder, "A"))
     await trio.testing.wait_all_tasks_blocked()

@@ -95,11 +95,14 @@ def test_every_error_of_the_core_has_a_code_of_its_own():
         errors.StaleOperation(3, 4),
         errors.NotServing("moving"),
         Unavailable("no link"),
+        errors.BeyondLimit("key_length", "a key of 300 characters"),
+        errors.QuotaFull("peers", "this node holds 3 peers"),
     ]
     codes = [protocol.domain_error(1, sample)["error"] for sample in samples]
     assert "internal" not in codes
     assert len(set(codes)) == len(codes) - 1  # NotServing and Unavailable share "unavailable"
-    assert len(samples) - 2 == len(errors.SemaphoreError.__subclasses__()) - 1
+    # Every subclass is sampled: the limits' two through their base, LimitError.
+    assert len(samples) - 3 == len(errors.SemaphoreError.__subclasses__()) - 1
 
 
 def test_frames_that_are_not_requests_end_the_connection():
