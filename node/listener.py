@@ -91,14 +91,14 @@ async def serve(
 
 
 class HttpConnection(TCPServer):
-    """Hypercorn's connection, closed as soon as its client has closed it: hypercorn's own keeps
-    the socket until its keep-alive timeout, so clients that connect and go away fast could hold
-    every connection the listener allows."""
+    """Hypercorn's connection, closed as soon as its client has closed it and the request in
+    hand (if any) is done: hypercorn's own keeps the socket until its keep-alive timeout, so
+    clients that connect and go away fast could hold every connection the listener allows."""
 
     async def _read_data(self) -> None:
         await super()._read_data()
+        # The keep-alive timer is all that would keep the connection's task group open.
         await self.idle_task.stop()
-        await self._close()
 
 
 class Connections:
