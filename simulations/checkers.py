@@ -266,15 +266,16 @@ def rate_retries_once(history: History, config: NodeConfig) -> list[str]:
     """A rate-limit request that went takes effect once: every later answer to it (the same
     retry id: the client asked again after a lost connection, or the network repeated it) is
     that go, with the same `remaining`. Decided again, a retry would go with less remaining, or
-    be sorry. In gossip mode only the node that decided remembers: a retry through another
-    node is decided there anew (docs/rate_limits.md), and counted as a go of its own."""
+    be sorry. Where the promise ends (docs/rate_limits.md, "Retries"), a retry decided anew is a
+    decision of its own (`_decisions`)."""
     violations = []
     first_go: dict[tuple[int, str], tuple[int, object]] = {}
-    answered = sorted((s for s in history.rate if s.goes), key=lambda s: s.answered)
-    for send in answered:
-        per_node = config.rate_limits[send.limiter].mode == "gossip"
-        for retry_id, go, remaining in zip(send.retry_ids, send.goes, send.remaining, strict=True):
-            decision = _decision(retry_id, send, per_node)
+    decisions: dict[tuple[int, int], tuple[int, str]] = {}
+    for (limiter, _), sends in _group(history.rate).items():
+        decisions |= _decisions(sends, per_node=config.rate_limits[limiter].mode == "gossip")
+    for send in sorted((s for s in history.rate if s.goes), key=lambda s: s.answered):
+        for order, (go, remaining) in enumerate(zip(send.goes, send.remaining, strict=True)):
+            decision = decisions[id(send), order]
             first = first_go.get(decision)
             if first is None:
                 if go:
@@ -361,27 +362,53 @@ def _group(sends) -> dict[tuple[str, str], list]:
     return groups
 
 
-def _decision(retry_id: int, send, per_node: bool) -> tuple[int, str]:
-    """What one decision of a rate-limit request is known by: its retry id, and in gossip mode
-    (`per_node`) the node that decided it, as a retry elsewhere is decided anew."""
-    return retry_id, send.node if per_node else ""
+def _decisions(sends, per_node: bool) -> dict[tuple[int, int], tuple[int, str]]:
+    """Which decision each answer of a rate-limit request (by id of its send, and position in
+    it) gave or was given: its retry id, and the node that decided it where a retry there is
+    decided anew.
+
+    * Gossip mode (`per_node`): every node decides, and only the deciding node remembers.
+    * Exact mode: the key's owner remembers, and hands its memory over with the key; when the
+      owner fails its memory goes with it. So a go answered at another node, with another
+      `remaining`, to a try the client sent while its earlier try was still unanswered (it
+      moved on from a node that stopped answering), was decided anew: the late answer of the
+      first try was decided by the failed owner before it lost the key."""
+    keys: dict[tuple[int, int], tuple[int, str]] = {}
+    first: dict[tuple[int, str], tuple[object, int]] = {}
+    for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
+        for order, (retry_id, go, remaining) in enumerate(
+            zip(send.retry_ids, send.goes, send.remaining, strict=True)
+        ):
+            key = (retry_id, send.node if per_node else "")
+            known = first.get(key)
+            if known is not None and not per_node and go and remaining != known[1]:
+                then = known[0]
+                overlapping = send.sent < then.answered and then.sent < send.answered
+                if then.node != send.node and overlapping:
+                    key = (retry_id, send.node)
+                    known = first.get(key)
+            if known is None and go:
+                first[key] = (send, remaining)
+            keys[id(send), order] = key
+    return keys
 
 
 def _certain_goes(sends, window: float, per_node: bool) -> dict[int, list[_Go]]:
     """Goes by window, for those whose request was sent and answered within one window. A
-    request that went is counted once, by its first answer (`rate_retries_once` checks that
-    its repeats were answered with that go), as decided after its first try was sent; once per
-    node that decided it, `per_node` (gossip mode: a retry elsewhere is decided anew)."""
+    decision that went (`_decisions`) is counted once, by its first answer
+    (`rate_retries_once` checks that its repeats were answered with that go), as decided after
+    its first try was sent."""
+    decisions = _decisions(sends, per_node)
     first_sent: dict[tuple[int, str], float] = {}
     for send in sends:
-        for retry_id in send.retry_ids:
-            decision = _decision(retry_id, send, per_node)
+        for order, retry_id in enumerate(send.retry_ids):
+            decision = decisions.get((id(send), order), (retry_id, send.node if per_node else ""))
             first_sent[decision] = min(send.sent, first_sent.get(decision, send.sent))
     windows: dict[int, list[_Go]] = defaultdict(list)
     went: set[tuple[int, str]] = set()
     for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
-        for order, (go, retry_id) in enumerate(zip(send.goes, send.retry_ids, strict=True)):
-            decision = _decision(retry_id, send, per_node)
+        for order, go in enumerate(send.goes):
+            decision = decisions[id(send), order]
             if not go or decision in went:
                 continue
             went.add(decision)

@@ -20,7 +20,7 @@ CAUGHT = {
     "lease-overrun": (1, r"\[max\] [\d.]+: B held \d+ > max 3"),
     "tokens-restart-on-takeover": (1, r"\[tokens\] [\d.]+: token \d+ on A"),
     "adopt-any-copy": (1, r"\[tokens\] [\d.]+: token \d+ on A"),
-    "expiry-early": (24, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
+    "expiry-early": (39, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (11, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
     "fifo-skipped-for-small-counts": (1, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
     "duplicated-grant-on-retry": (1, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
