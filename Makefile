@@ -54,6 +54,7 @@ bench: $(INSTALLED) redis
 	$(BIN)/python bench/client_path.py
 	PATH="$$PATH:/usr/sbin" $(BIN)/python bench/rate_limits.py
 	$(BIN)/python bench/gossip_overshoot.py
+	$(BIN)/python bench/abuse.py
 
 # bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
 # a free loopback port). Installed as root, else through sudo. Tests do not need it.

@@ -1,0 +1,107 @@
+"""A node under attack, side by side with the same node left alone (issue 16's targets):
+
+* acquire+release cycles over HTTP (8 peers) with no attack, and while 300 sockets hold a
+  half-sent request line (`GET /`) open: target at least 0.8x;
+* the node's RSS while a /ws client sends waits and never reads its answers for 15 s, against
+  its RSS at rest: target at most +100 MB.
+
+    python bench/abuse.py [--duration 5] [--never-read 15]
+
+Starts its own node processes on free loopback ports; every attack stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import trio
+from trio_websocket import open_websocket_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.http_semaphores import scenario  # noqa: E402
+from tests.nodes import NodeProcess  # noqa: E402
+
+CONFIG = (
+    "[semaphores]\nbench = 64\n"
+    '[rate_limits]\napi = { algorithm = "gcra", burst = 1000000000, rate = 1e9 }\n'
+)
+IDLE_SOCKETS = 300
+PEERS = 8
+
+
+def cycles(node: NodeProcess, duration: float) -> dict:
+    return trio.run(scenario, "127.0.0.1", node.port, PEERS, duration)
+
+
+def with_idle_half_requests(node: NodeProcess, duration: float) -> tuple[dict, float]:
+    """The cycles while `IDLE_SOCKETS` half-requests are open; and the node's CPU seconds per
+    second meanwhile."""
+    idle = []
+    try:
+        for _ in range(IDLE_SOCKETS):
+            sock = socket.create_connection(("127.0.0.1", node.port), timeout=5)
+            sock.sendall(b"GET /")
+            idle.append(sock)
+        cpu, started = node.cpu_seconds(), time.monotonic()
+        row = cycles(node, duration)
+        return row, (node.cpu_seconds() - cpu) / (time.monotonic() - started)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+async def never_read(url: str, seconds: float) -> int:
+    """Send frames of 1,000 waits (answered at once, by tasks) for `seconds` without reading
+    an answer; the frames sent."""
+    frame = msgpack.packb(
+        [{"id": i, "op": "wait", "limiter": "api", "timeout": 1} for i in range(1000)]
+    )
+    sent = 0
+    async with open_websocket_url(url, message_queue_size=1) as ws:
+        await ws.send_message(msgpack.packb({"hello": 1}))
+        with trio.move_on_after(seconds):
+            while True:
+                await ws.send_message(frame)
+                sent += 1
+        with trio.move_on_after(1):
+            await ws.aclose()
+    return sent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per cycle run")
+    parser.add_argument("--never-read", type=float, default=15.0, help="seconds of not reading")
+    args = parser.parse_args()
+
+    with NodeProcess(CONFIG) as node:
+        alone = cycles(node, args.duration)
+        attacked, cpu = with_idle_half_requests(node, args.duration)
+    print(f"HTTP acquire+release, {PEERS} peers, {args.duration:g} s per row")
+    print(f"{'':<32}  {'cycles/s':>9}  {'p50 ms':>7}  {'p99 ms':>7}")
+    for name, row in (("no attack", alone), (f"{IDLE_SOCKETS} idle half-requests", attacked)):
+        print(
+            f"{name:<32}  {row['cycles_per_s']:>9.0f}  {row['p50_ms']:>7.3f}  {row['p99_ms']:>7.3f}"
+        )
+    ratio = attacked["cycles_per_s"] / alone["cycles_per_s"]
+    print(f"ratio {ratio:.2f} (target >= 0.8); node CPU under the attack {cpu:.2f} s/s")
+
+    with NodeProcess(CONFIG) as node:
+        time.sleep(0.5)
+        at_rest = node.rss_mb()
+        sent = trio.run(never_read, f"ws://127.0.0.1:{node.port}/ws", args.never_read)
+        peak = node.rss_mb()
+    print(
+        f"\n/ws client that never reads, {args.never_read:g} s: RSS {at_rest:.0f} MB at rest, "
+        f"{peak:.0f} MB after ({peak - at_rest:+.0f} MB, target <= +100 MB); "
+        f"{sent} frames of 1,000 waits sent before the node stopped reading"
+    )
+
+
+if __name__ == "__main__":
+    main()
