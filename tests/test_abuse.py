@@ -340,3 +340,24 @@ def test_waiting_acquires_of_one_peer_are_bounded(tmp_path):
         assert codes.count("ok") == 16  # each "not yet" after its second
         assert node.rss_mb() - before < 50
         bystander(node)
+
+
+def test_sigterm_stops_the_node_within_a_second_with_600_abusive_sockets_open(tmp_path):
+    import signal
+
+    with NodeProcess(CONFIG, workdir=tmp_path) as node:
+        held = []
+        try:
+            for number in range(600):
+                sock = connect(node)
+                # Half of them stop in the request line, half in a WebSocket handshake.
+                sock.sendall(b"GET /" if number % 2 else b"GET /ws HTTP/1.1\r\nHost: x\r\n")
+                held.append(sock)
+            time.sleep(0.3)
+            started = time.monotonic()
+            node.signal(signal.SIGTERM)
+            assert node.wait(10) == 0
+            assert time.monotonic() - started < 1.0
+        finally:
+            for sock in held:
+                sock.close()
