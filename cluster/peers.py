@@ -17,6 +17,7 @@ Pure: `now` comes in; expiry is driven by `next_deadline()` and `expire(now)` ov
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -385,13 +386,16 @@ class PeerTable:
         return self._expiry[0][0] if self._expiry else None
 
     def expire(
-        self, now: float, spared: Callable[[int], bool] = lambda peer_id: False
+        self,
+        now: float,
+        spared: Callable[[int], bool] = lambda peer_id: False,
+        most: float = math.inf,
     ) -> list[tuple[int, list[tuple[str, int]]]]:
-        """Remove every peer whose deadline is at or before `now` (unless `spared`, for now):
-        (peer id, its locks (semaphore, ticket))."""
+        """Remove the peers whose deadline is at or before `now` (unless `spared`, for now), at
+        most `most` of them, soonest first: (peer id, its locks (semaphore, ticket))."""
         expired = []
         later = []
-        while True:
+        while len(expired) < most:
             self._drop_stale_expiry()
             if not self._expiry or self._expiry[0][0] > now:
                 break

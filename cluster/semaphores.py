@@ -16,6 +16,7 @@ waiters after a release is O(1) per granted waiter.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 
@@ -146,10 +147,11 @@ class SemaphoreCore:
         ]
         return min(deadlines) if deadlines else None
 
-    def expire(self, now: float) -> list[int]:
-        """Remove every peer whose deadline is at or before `now`, and end a grace period that
-        is over; returns the ids of the expired peers."""
-        expired = self._peers.expire(now)
+    def expire(self, now: float, most: float = math.inf) -> list[int]:
+        """Remove the peers whose deadline is at or before `now` (at most `most`, soonest
+        first: `next_deadline` says when the rest are due), and end a grace period that is
+        over; returns the ids of the expired peers."""
+        expired = self._peers.expire(now, most=most)
         for peer_id, _ in expired:
             self._events.append(PeerRemoved(peer_id, True))
         self._leases.release_peers(

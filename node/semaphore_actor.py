@@ -34,6 +34,8 @@ from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCor
 log = logging.getLogger("sluicegate.semaphores")
 
 INBOX_SIZE = 4096
+# Peers expired in one step of the actor (about 10 ms of work).
+EXPIRE_CHUNK = 1000
 NOT_YET = AcquireOutcome(False)
 
 
@@ -224,7 +226,9 @@ class SemaphoreActor:
         return math.inf if deadline is None else deadline
 
     def _expire(self, now: float) -> None:
-        expired = self._core.expire(now)
+        # In chunks, each a step of its own: the rest are due at once, and the actor wakes for
+        # them after whatever else is ready (500,000 peers at once took 8.8 s in one step).
+        expired = self._core.expire(now, most=EXPIRE_CHUNK)
         if expired:
             log.warning("Removed %d peers due to expiration.", len(expired))
         self._dispatch_events()

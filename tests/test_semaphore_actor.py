@@ -224,3 +224,14 @@ async def test_withdraw_forgets_only_its_owners_waits(autojump_clock, actor, nur
     await actor.call(ReleaseLock(holder, "A"))
     await trio.testing.wait_all_tasks_blocked()
     assert answers == ["kept"]
+
+
+async def test_many_peers_expire_in_steps_of_a_thousand(autojump_clock, actor, caplog):
+    for _ in range(3500):
+        await actor.call(NewPeer(10))
+    others = await actor.call(NewPeer(60))
+    await trio.sleep(11)
+    removed = [r.getMessage() for r in caplog.records if "due to expiration" in r.getMessage()]
+    assert removed == [f"Removed {n} peers due to expiration." for n in (1000, 1000, 1000, 500)]
+    assert await actor.call(IsAcquired(others)) is True
+    assert actor.core.peer_ids() == [others]
