@@ -3,9 +3,10 @@
 * acquire+release cycles over HTTP (8 peers) with no attack, and while 300 sockets hold a
   half-sent request line (`GET /`) open: target at least 0.8x;
 * the node's RSS while a /ws client sends waits and never reads its answers for 15 s, against
-  its RSS at rest: target at most +100 MB.
+  its RSS at rest: target at most +100 MB;
+* the longest `GET /health` while 100,000 peers expire at once (target: no stall over 50 ms).
 
-    python bench/abuse.py [--duration 5] [--never-read 15]
+    python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000]
 
 Starts its own node processes on free loopback ports; every attack stops by itself.
 """
@@ -16,6 +17,7 @@ import argparse
 import socket
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import msgpack
@@ -73,10 +75,40 @@ async def never_read(url: str, seconds: float) -> int:
     return sent
 
 
+async def make_peers(url: str, peers: int, expires_in: float) -> None:
+    """`peers` new peers over one /ws connection, 5,000 to a frame."""
+    async with open_websocket_url(url, max_message_size=2**21) as ws:
+        await ws.send_message(msgpack.packb({"hello": 1}))
+        await ws.get_message()
+        for start in range(0, peers, 5000):
+            count = min(5000, peers - start)
+            frame = [{"id": i, "op": "new_peer", "expires_in": expires_in} for i in range(count)]
+            await ws.send_message(msgpack.packb(frame))
+            answered = 0
+            while answered < count:
+                answered += len(msgpack.unpackb(await ws.get_message(), strict_map_key=False))
+
+
+def longest_health_during_expiry(peers: int) -> float:
+    """Seconds of the slowest `GET /health` while `peers` peers expire together."""
+    config = CONFIG + f"[limits]\npeers = {peers}\npeers_per_connection = {peers}\n"
+    with NodeProcess(config) as node:
+        expires_in = 3.0 + peers / 20_000  # long enough to make them all first
+        trio.run(make_peers, f"ws://127.0.0.1:{node.port}/ws", peers, expires_in)
+        longest, end = 0.0, time.monotonic() + expires_in + 3
+        while time.monotonic() < end:
+            started = time.monotonic()
+            urllib.request.urlopen(f"{node.url}/health", timeout=30).read()
+            longest = max(longest, time.monotonic() - started)
+            time.sleep(0.005)
+    return longest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per cycle run")
     parser.add_argument("--never-read", type=float, default=15.0, help="seconds of not reading")
+    parser.add_argument("--peers", type=int, default=100_000, help="peers expiring together")
     args = parser.parse_args()
 
     with NodeProcess(CONFIG) as node:
@@ -100,6 +132,12 @@ def main() -> None:
         f"\n/ws client that never reads, {args.never_read:g} s: RSS {at_rest:.0f} MB at rest, "
         f"{peak:.0f} MB after ({peak - at_rest:+.0f} MB, target <= +100 MB); "
         f"{sent} frames of 1,000 waits sent before the node stopped reading"
+    )
+
+    longest = longest_health_during_expiry(args.peers)
+    print(
+        f"\n{args.peers} peers expiring together: the slowest GET /health took "
+        f"{longest * 1000:.0f} ms (target: no stall over 50 ms)"
     )
 
 

@@ -51,17 +51,16 @@ class ParkedAcquires:
 
     def take(self, request: ParkedAcquire) -> None:
         """Take one waiting acquire out, to be answered now."""
-        waiting = self._by_peer[request.op.peer_id]
-        waiting.remove(request)
-        if not waiting:
-            del self._by_peer[request.op.peer_id]
+        self._unlist(request)
         self._forget(request)
+        self._stale += 1  # its entry stays in `_deadlines` until it comes up
 
     def take_peer(self, peer_id: int) -> list[ParkedAcquire]:
         """Take all of a peer's waiting acquires out, oldest first."""
         requests = self._by_peer.pop(peer_id, [])
         for request in requests:
             self._forget(request)
+        self._stale += len(requests)
         return requests
 
     def take_all(self) -> list[ParkedAcquire]:
@@ -87,8 +86,8 @@ class ParkedAcquires:
             if request.done:
                 self._stale -= 1
             else:
-                self.take(request)
-                self._stale -= 1  # `take` counted it as left behind in `_deadlines`
+                self._unlist(request)
+                self._forget(request)
                 due.append(request)
         return due
 
@@ -103,7 +102,12 @@ class ParkedAcquires:
             self._stale -= 1
         return deadlines[0][0] if deadlines else math.inf
 
+    def _unlist(self, request: ParkedAcquire) -> None:
+        waiting = self._by_peer[request.op.peer_id]
+        waiting.remove(request)
+        if not waiting:
+            del self._by_peer[request.op.peer_id]
+
     def _forget(self, request: ParkedAcquire) -> None:
         del self._by_id[request.request_id]
         request.done = True
-        self._stale += 1

@@ -17,10 +17,8 @@ asked (a connection, a call) withdraws.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
-import math
 import random
 from collections.abc import Callable
 from typing import Protocol
@@ -28,6 +26,7 @@ from typing import Protocol
 import trio
 
 from sluicegate.cluster.errors import QuotaFull, SemaphoreError, UnknownPeer
+from sluicegate.cluster.parked import ParkedAcquire, ParkedAcquires
 from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
 from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
 
@@ -76,20 +75,17 @@ async def answer(actor: Actor, op: Operation) -> object:
 
 
 class _Request:
-    __slots__ = ("op", "answered", "owner", "finished")
+    __slots__ = ("op", "answered", "owner")
 
     def __init__(self, op: Operation, answered: Answered, owner: object) -> None:
         self.op = op
         self.answered = answered
         self.owner = owner
-        self.finished = False
 
     def succeed(self, result: object) -> None:
-        self.finished = True
         self.answered(result, None)
 
     def fail(self, error: BaseException) -> None:
-        self.finished = True
         self.answered(None, error)
 
 
@@ -118,13 +114,12 @@ class SemaphoreActor:
         # Peer ids must not be guessable from the ones a client has seen: the system's source.
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
-        self._parked: dict[int, list[_Request]] = {}
-        # Parked requests by whoever may withdraw them.
-        self._owned: dict[object, set[_Request]] = {}
-        self._park_deadlines: list[tuple[float, int, _Request]] = []
-        # Entries of `_park_deadlines` answered or withdrawn before their deadline.
-        self._stale_deadlines = 0
-        self._sequence = itertools.count()
+        # Parked acquires, by a number of the actor's own; the requests they answer; and their
+        # numbers by whoever may withdraw them.
+        self._parked = ParkedAcquires()
+        self._waiting: dict[int, _Request] = {}
+        self._owned: dict[object, set[int]] = {}
+        self._ids = itertools.count(1)
         self._blocking = True
         # The scope the actor sleeps in, while it sleeps (see `submit`).
         self._sleep: trio.CancelScope | None = None
@@ -148,10 +143,9 @@ class SemaphoreActor:
 
     def withdraw(self, owner: object) -> None:
         """Forget the parked acquires `owner` submitted: they will never be answered."""
-        for request in self._owned.pop(owner, ()):
-            self._unpark(request)
-            request.finished = True
-            self._stale_deadlines += 1
+        for parked_id in self._owned.pop(owner, ()):
+            self._parked.withdraw(parked_id)
+            del self._waiting[parked_id]
         self._reschedule()
 
     async def stats(self) -> list[SemaphoreStats]:
@@ -213,17 +207,8 @@ class SemaphoreActor:
 
     def _next_wakeup(self) -> float:
         deadline = self._core.next_deadline()
-        deadlines = self._park_deadlines
-        if self._stale_deadlines > len(deadlines) // 2:
-            self._park_deadlines = deadlines = [e for e in deadlines if not e[2].finished]
-            heapq.heapify(deadlines)
-            self._stale_deadlines = 0
-        while deadlines and deadlines[0][2].finished:
-            heapq.heappop(deadlines)
-            self._stale_deadlines -= 1
-        if deadlines:
-            deadline = deadlines[0][0] if deadline is None else min(deadline, deadlines[0][0])
-        return math.inf if deadline is None else deadline
+        parked = self._parked.next_deadline()
+        return parked if deadline is None else min(deadline, parked)
 
     def _expire(self, now: float) -> None:
         # In chunks, each a step of its own: the rest are due at once, and the actor wakes for
@@ -232,15 +217,9 @@ class SemaphoreActor:
         if expired:
             log.warning("Removed %d peers due to expiration.", len(expired))
         self._dispatch_events()
-        deadlines = self._park_deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, _, request = heapq.heappop(deadlines)
-            if request.finished:
-                self._stale_deadlines -= 1
-            else:
-                # Out of patience: the lock stays pending, the answer is "not yet".
-                self._unpark(request)
-                request.succeed(NOT_YET)
+        for parked in self._parked.due(now):
+            # Out of patience: the lock stays pending, the answer is "not yet".
+            self._unpark(parked).succeed(NOT_YET)
 
     def _handle(self, message: _Message, now: float) -> None:
         if isinstance(message, _Stats):
@@ -254,7 +233,7 @@ class SemaphoreActor:
         op = request.op
         try:
             if isinstance(op, Acquire):
-                waiting = len(self._parked.get(op.peer_id, ()))
+                waiting = self._parked.count_of(op.peer_id)
                 if waiting >= self._waits_per_peer:
                     raise QuotaFull(
                         "waits_per_peer", f"peer {op.peer_id} has {waiting} acquires waiting"
@@ -279,53 +258,34 @@ class SemaphoreActor:
         self._dispatch_events()
 
     def _park(self, request: _Request, deadline: float) -> None:
-        self._parked.setdefault(request.op.peer_id, []).append(request)
+        parked_id = next(self._ids)
+        self._parked.park(parked_id, request.op, deadline, undecided=False)
+        self._waiting[parked_id] = request
         if request.owner is not None:
-            self._owned.setdefault(request.owner, set()).add(request)
-        heapq.heappush(self._park_deadlines, (deadline, next(self._sequence), request))
+            self._owned.setdefault(request.owner, set()).add(parked_id)
 
     def _dispatch_events(self) -> None:
         for event in self._core.events():
             if isinstance(event, LockGranted):
-                for request in self._unpark_peer(event.peer_id):
-                    request.succeed(self._granted(request.op))
+                for parked in self._parked.take_peer(event.peer_id):
+                    self._unpark(parked).succeed(self._granted(parked.op))
             elif isinstance(event, PeerRemoved):
-                for request in self._unpark_peer(event.peer_id):
-                    request.fail(UnknownPeer(event.peer_id))
+                for parked in self._parked.take_peer(event.peer_id):
+                    self._unpark(parked).fail(UnknownPeer(event.peer_id))
 
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self._core.fencing_token(op.peer_id, op.semaphore))
 
-    def _unpark(self, request: _Request) -> None:
-        """Take a request out of the parked ones, before its deadline or at it."""
-        peer_id = request.op.peer_id
-        waiting = self._parked.get(peer_id)
-        if waiting is not None:
-            waiting.remove(request)
-            if not waiting:
-                del self._parked[peer_id]
-        self._disown(request)
-
-    def _unpark_peer(self, peer_id: int) -> list[_Request]:
-        """Take all of a peer's parked requests out, before their deadlines."""
-        requests = self._parked.pop(peer_id, [])
-        for request in requests:
-            self._disown(request)
-        self._stale_deadlines += len(requests)
-        return requests
-
-    def _disown(self, request: _Request) -> None:
+    def _unpark(self, parked: ParkedAcquire) -> _Request:
+        """The request a parked acquire taken out of `_parked` answers."""
+        request = self._waiting.pop(parked.request_id)
         owned = self._owned.get(request.owner)
         if owned is not None:
-            owned.discard(request)
+            owned.discard(parked.request_id)
             if not owned:
                 del self._owned[request.owner]
+        return request
 
     def _answer_all_parked(self) -> None:
-        parked, self._parked = self._parked, {}
-        self._owned.clear()
-        self._park_deadlines.clear()
-        self._stale_deadlines = 0
-        for requests in parked.values():
-            for request in requests:
-                request.succeed(NOT_YET)
+        for parked in self._parked.take_all():
+            self._unpark(parked).succeed(NOT_YET)

@@ -46,6 +46,14 @@ def bystander(node, timeout: float = 5.0) -> float:
     return time.monotonic() - started
 
 
+def holder_and_waiter(node, semaphore: str, expires_in: str = "1m") -> tuple[int, int]:
+    """Two new peers: one holding `semaphore` (a max of 1), one free to wait for it."""
+    body = b'{"expires_in":"%s"}' % expires_in.encode()
+    holder = json.loads(request(node, "POST", "/new_peer", body)[1])
+    assert request(node, "PUT", f"/peers/{holder}/{semaphore}", b"1")[0] == 200
+    return holder, json.loads(request(node, "POST", "/new_peer", body)[1])
+
+
 def connect(node) -> socket.socket:
     return socket.create_connection(("127.0.0.1", node.port), timeout=5)
 
@@ -89,11 +97,7 @@ def test_past_the_connection_limit_the_node_answers_503_and_frees_the_socket(tmp
 
 def test_abandoned_long_polls_free_their_sockets_within_a_second(tmp_path):
     with NodeProcess(CONFIG.replace("1000", "1"), workdir=tmp_path, files=300) as node:
-        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"5m"}')
-        holder = json.loads(body)
-        assert request(node, "PUT", f"/peers/{holder}/A", b"1")[0] == 200
-        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"5m"}')
-        waiter = json.loads(body)
+        holder, waiter = holder_and_waiter(node, "A", "5m")
         baseline = node.open_files()
         # More long polls than the node may open files, each abandoned by its client.
         for _ in range(8):
@@ -309,11 +313,7 @@ def test_expiries_long_polls_and_restores_past_their_limits(tmp_path):
             400,
             b"a restore of count 9223372036854775807 of 'B' is too large ([limits] restore_count)",
         )
-        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
-        holder = json.loads(body)
-        assert request(node, "PUT", f"/peers/{holder}/B", b"1")[0] == 200
-        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
-        waiter = json.loads(body)
+        holder, waiter = holder_and_waiter(node, "B", "1m")
         started = time.monotonic()
         status, _ = request(node, "PUT", f"/peers/{waiter}/B?block_for=1000000000years", b"1")
         assert status == 202 and 0.9 < time.monotonic() - started < 3
@@ -325,11 +325,7 @@ def test_expiries_long_polls_and_restores_past_their_limits(tmp_path):
 def test_waiting_acquires_of_one_peer_are_bounded(tmp_path):
     with NodeProcess(CONFIG, workdir=tmp_path) as node:
         before = node.rss_mb()
-        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
-        holder = json.loads(body)
-        assert request(node, "PUT", f"/peers/{holder}/B", b"1")[0] == 200
-        status, body = request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')
-        waiter = json.loads(body)
+        holder, waiter = holder_and_waiter(node, "B", "1m")
         waits = [
             {"id": i, "op": "acquire", "peer": waiter, "semaphore": "B", "wait": 1}
             for i in range(10_000)

@@ -200,12 +200,12 @@ async def test_a_cancelled_wait_is_withdrawn_from_the_actor(autojump_clock, acto
     await actor.call(Acquire(holder, "A", 1))
     with trio.move_on_after(1):
         await actor.call(Acquire(waiter, "A", 1, block_for=300))
-    assert actor._parked == {} and actor._owned == {}
+    assert len(actor._parked) == 0 and actor._owned == {}
     # Withdrawn deadlines are dropped, not kept until they come.
     for _ in range(100):
         with trio.move_on_after(0.01):
             await actor.call(Acquire(waiter, "A", 1, block_for=300))
-    assert len(actor._park_deadlines) < 10
+    assert len(actor._parked._deadlines) < 10
 
 
 async def test_withdraw_forgets_only_its_owners_waits(autojump_clock, actor, nursery):
