@@ -44,8 +44,12 @@ from .websocket import OpenWebSocket, open_websocket
 DEFAULT_EXPIRES_IN = 30.0
 # Waits longer than this are split, so a lost connection is noticed and the wait resumed.
 WAIT_SLICE = 20.0
-# Heartbeats of one peer on their way at once, at most (a beat is a third of an expiry).
-HEARTBEATS_IN_FLIGHT = 3
+# Heartbeats of one peer on their way at once, at most. A beat is a third of an expiry, and
+# each stalled node left sends another, half a beat after the one before it at the soonest: up
+# to nine while the peer lives.
+HEARTBEATS_IN_FLIGHT = 9
+# How many times a beat the heartbeat task looks for a node that stalls.
+STALL_CHECKS = 8
 
 
 @dataclass(eq=False)
@@ -343,22 +347,35 @@ class Client:
 
     async def _heartbeats(self) -> None:
         """Every peer heartbeats at a third of its expiry (all of them in one frame), each
-        until it is answered or its peer may have expired."""
+        until it is answered or its peer may have expired. A beat unanswered for half a beat on
+        the current connection means that the node, or its way to the peers' homes, stalls
+        with the connection open (a paused node, a clogged link between two nodes): the client
+        leaves that node at once and beats again on the next. Looked for `STALL_CHECKS` times a
+        beat, not only when the next beat is due: a beat that is due finds a node that stalled
+        just after the last one, and the next node may stall too (docs/cluster.md, "Keeping a
+        lease")."""
+        beat = self._session.expires_in / 3
+        next_beat = trio.current_time() + beat
         while True:
-            beat = self._session.expires_in / 3
-            await trio.sleep(beat)
+            await trio.sleep_until(min(next_beat, trio.current_time() + beat / STALL_CHECKS))
+            now = trio.current_time()
             connection = self._connection
+            stalled = (
+                connection is not None
+                and not connection.closed
+                and connection.stalled(now - beat / 2)
+            )
+            if stalled:
+                self._leave(connection)
+            if now >= next_beat:
+                next_beat = now + beat
+            elif not stalled:
+                continue
             for peer in list(self._session.peers.values()):
                 # A beat each time, even while earlier ones are on their way: with answers
                 # slower than a beat, waiting for them would space renewals out beyond expiry.
                 if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
                     self._nursery.start_soon(self._heartbeat, peer)
-            # A beat sent on this connection half a beat ago or earlier is still unanswered
-            # (one waiting out a backoff elsewhere is not): the node, or its way to the peers'
-            # homes, stalls with the connection open; ask another node, with two beats left
-            # before the peer may expire.
-            if connection is not None and connection.stalled(trio.current_time() - beat / 2):
-                self._leave(connection)
 
     async def _heartbeat(self, peer: Peer) -> None:
         session = self._session

@@ -112,17 +112,6 @@ class Membership:
             known.add(self.node_id)
         return known
 
-    def heard_of_majority(self, now: float, within: float) -> bool:
-        """Did most members known (this node included) advance their entries in the last
-        `within` seconds? A node that did not hear of most for `down_after` is soon counted down
-        by them, and stops serving what they take over."""
-        heard = 1 + sum(
-            1
-            for entry in self._others.values()
-            if entry.alive and not entry.state.left and now - entry.changed_at <= within
-        )
-        return 2 * heard > len(self.known_members())
-
     def left_members(self) -> set[str]:
         """The other members that said goodbye (and have not come back since)."""
         return {node_id for node_id, e in self._others.items() if e.state.left}

@@ -404,6 +404,15 @@ class Ownership:
             and now < owned.lease_from + self.usable_lease
         )
 
+    def reaches_quorum(self, now: float) -> bool:
+        """Did a quorum confirm a lease round this node sent in the last half lease? Then its
+        own links to most acceptors carry messages both ways now (hearing of most members
+        through gossip does not show that: one member can relay what the others say)."""
+        return any(
+            owned.phase == ACTING and now - owned.lease_from <= self.lease / 2
+            for owned in self._owned.values()
+        )
+
     def serves_share(self, now: float) -> bool:
         """Does this node act for every slot its ring names it for?"""
         return self.ready and all(

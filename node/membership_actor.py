@@ -86,12 +86,6 @@ class MembershipActor:
         """Every member that has not said goodbye, alive or silent, this node included."""
         return self._membership.known_members()
 
-    def reaches_majority(self) -> bool:
-        """Has this node heard of most members (itself included) in the last half of
-        `down_after`, well before they would count it down?"""
-        membership = self._membership
-        return membership.heard_of_majority(self._clock.now(), membership.down_after / 2)
-
     def left_members(self) -> set[str]:
         """Members that left gracefully: they replicated everything before they said goodbye."""
         return self._membership.left_members()

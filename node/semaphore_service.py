@@ -162,10 +162,10 @@ class ClusterSemaphores:
             raise Unavailable(error.reason) from None
 
     def retry_here_for(self) -> float:
-        """How long a client should go on asking this node through its 503s: while it hears of
-        most members, whatever it cannot serve gets an acting owner it can reach within the
-        takeover bound; cut off from most, 0 (its clients had better move on)."""
-        return self._takeover if self._membership.reaches_majority() else 0.0
+        """How long a client should go on asking this node through its 503s: while its own
+        links reach a quorum, whatever it cannot serve gets an acting owner within the takeover
+        bound; cut off from most, 0 (its clients had better move on)."""
+        return self._takeover if self._shard.ownership.reaches_quorum(self._clock.now()) else 0.0
 
     def serves_here(self, op: Operation) -> bool:
         """Is `op` served by this node's own actor (else `call` forwards it)?"""
