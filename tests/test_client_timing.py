@@ -1,5 +1,5 @@
 """The client's rules in time, against scripted in-memory nodes under trio's mock clock: when it
-leaves a node that stalls."""
+leaves a node that stalls, and when a wait is over."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import math
 import random
 
 import msgpack
+import pytest
 import trio
 
-from sluicegate.client.client import Client
+from sluicegate.client.client import SHORTEST_WAIT, Client
+from sluicegate.client.session import LockTimeout
 
 EXPIRES_IN = 6.0
 BEAT = EXPIRES_IN / 3
@@ -100,3 +102,23 @@ async def test_a_node_that_stalls_a_heartbeat_is_left_within_two_thirds_of_a_bea
     moved_at = nodes["n2"].sent("heartbeat")[0]
     assert BEAT / 2 <= moved_at - stalled_from <= 2 * BEAT / 3
 
+
+async def test_a_wait_answered_early_by_a_fast_clock_ends_at_its_timeout(autojump_clock, nursery):
+    """A node whose clock runs 1% fast answers each wait a hundredth early: the client asks
+    again for what is left only while that is worth a wait."""
+    node = ScriptedNode("n1", nursery)
+
+    def early(request: dict) -> tuple[float, dict] | None:
+        if request["op"] == "acquire":
+            if len(node.sent("acquire")) > 100:  # never ending: refuse, for the test to fail
+                return 0.0, {"error": "bad_request", "message": "enough"}
+            return request.get("wait", 0.0) * 0.99, {"ok": {"acquired": False}}
+        return ScriptedNode.answer(node, request)
+
+    node.answer = early
+    async with client_of({"n1": node}) as client:
+        with pytest.raises(LockTimeout):
+            async with client.lock("A", timeout=0.1):
+                pass
+    waits = [request["wait"] for _, request in node.requests if request["op"] == "acquire"]
+    assert len(waits) < 10 and min(waits) >= SHORTEST_WAIT
