@@ -114,9 +114,10 @@ def log_nodes() -> None:
     workload.Tap.logging = True
 
 
-class Livelock(Exception):
+class Livelock(BaseException):
     """Tasks kept running for `LIVELOCK_AFTER` real seconds without virtual time passing (it
-    passes only when every task waits)."""
+    passes only when every task waits). Not an `Exception`: the handlers that record a node's
+    or a client's failed task and go on must not swallow it."""
 
 
 def run_seed(
@@ -134,7 +135,8 @@ def run_seed(
         raise Livelock(f"no virtual time passed for {LIVELOCK_AFTER:g} real seconds")
 
     previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER)
+    # Again every few seconds after the first, in case something swallowed it anyway.
+    signal.setitimer(signal.ITIMER_REAL, LIVELOCK_AFTER, 5.0)
     try:
         return trio.run(_simulate, seed, nodes, tuple(extra), availability, clock=clock)
     except BaseException as error:
