@@ -266,8 +266,11 @@ def rate_retries_once(history: History, config: NodeConfig) -> list[str]:
     """A rate-limit request that went takes effect once: every later answer to it (the same
     retry id: the client asked again after a lost connection, or the network repeated it) is
     that go, with the same `remaining`. Decided again, a retry would go with less remaining, or
-    be sorry. Where the promise ends (docs/rate_limits.md, "Retries"), a retry decided anew is a
-    decision of its own (`_decisions`)."""
+    be sorry. A sorry is judged only for a try sent once the go was answered: one sent earlier
+    may have reached the owner first (the client left a stalled node and asked again through
+    another, the first try's sorry still on its way), and a retry of a sorry is decided anew.
+    Where the promise ends (docs/rate_limits.md, "Retries"), a retry decided anew is a decision
+    of its own (`_decisions`)."""
     violations = []
     first_go: dict[tuple[int, str], tuple[int, object]] = {}
     decisions: dict[tuple[int, int], tuple[int, str]] = {}
@@ -281,8 +284,10 @@ def rate_retries_once(history: History, config: NodeConfig) -> list[str]:
                 if go:
                     first_go[decision] = (remaining, send)
                 continue
+            then = first[1]
+            if not go and send.sent < then.answered:
+                continue  # maybe decided before the go: a sorry took nothing, and is not kept
             if not go or remaining != first[0]:
-                then = first[1]
                 answer = f"go with {remaining} remaining" if go else "sorry"
                 violations.append(
                     f"[once] {send.answered:.4f}: {send.client}'s {send.op} of {send.limiter} "
