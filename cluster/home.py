@@ -39,7 +39,7 @@ from .lock_messages import (
     LockTaken,
     OwnerToHome,
 )
-from .peers import AskOwner, PeerRecord, PeerTable
+from .peers import EXPIRE_CHUNK, AskOwner, PeerRecord, PeerTable
 from .semaphore_leases import SemaphoreConfig
 
 # A home sends a lock to its owner again if no answer came this long after it sent it...
@@ -109,8 +109,9 @@ class Home:
         self._events: list[Event] = []
         self._outbox: list[tuple[str, object]] = []
         self._now = -math.inf
-        # When peers were last expired.
+        # When peers were last expired, and whether some due then were left for the next step.
         self._expired_at = -math.inf
+        self._expire_more = False
 
     # -- slots ------------------------------------------------------------------------------
 
@@ -256,7 +257,7 @@ class Home:
 
     def next_deadline(self) -> float:
         expiry = self.peers.next_deadline()
-        if expiry is None or expiry <= self._expired_at:
+        if expiry is None or (expiry <= self._expired_at and not self._expire_more):
             # Due already, so spared: such a peer's time comes with its decision's.
             expiry = math.inf
         deadlines = [expiry]
@@ -267,13 +268,13 @@ class Home:
         return min(deadlines)
 
     def tick(self, now: float) -> None:
-        """Expire peers, tell owners again what they did not answer, stop waiting for
-        confirmations that take too long."""
+        """Spare no peer whose decision took too long, tell owners again what they did not
+        answer, stop waiting for confirmations that take too long. (Peers expire in `expire`,
+        which the shard runs once a step.)"""
         self._now = now
         for peer_id, until in list(self._deciding.items()):
             if now >= until:
                 del self._deciding[peer_id]
-        self.expire(now)
         for (peer_id, name), at in list(self._due.items()):
             if now >= at:
                 self._tell_owner(peer_id, name, now)
@@ -284,10 +285,21 @@ class Home:
                 self._send_release(*key, now)
 
     def expire(self, now: float) -> None:
-        """Remove the peers whose deadline has come (but those an acquire decides for)."""
+        """Remove the peers whose deadline has come (but those an acquire decides for), at
+        most `EXPIRE_CHUNK` of them: `next_deadline` says the rest are due."""
         self._expired_at = now
-        expired = self.peers.expire(now, spared=self._deciding.__contains__)
+        expired = self.peers.expire(now, spared=self._deciding.__contains__, most=EXPIRE_CHUNK)
+        self._expire_more = len(expired) == EXPIRE_CHUNK
         for peer_id, locks in expired:
+            self._peer_gone(peer_id, locks, expired=True, now=now)
+
+    def expire_if_due(self, peer_id: int, now: float) -> None:
+        """Remove the peer if its deadline has come (unless an acquire decides for it), before
+        anything is asked of it: expiring the others in chunks may not have reached it yet."""
+        if peer_id in self._deciding:
+            return
+        locks = self.peers.expire_peer(peer_id, now)
+        if locks is not None:
             self._peer_gone(peer_id, locks, expired=True, now=now)
 
     # -- outputs ----------------------------------------------------------------------------

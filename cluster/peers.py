@@ -38,6 +38,11 @@ from .errors import (
 from .semaphore_leases import SemaphoreConfig
 from .slots import STRETCH
 
+# Peers expired in one step at most (about 10 ms of work): the rest are due at once, and an
+# actor expires them in its next steps, after whatever else is ready (500,000 peers expiring in
+# one step stalled a node for 8.8 s).
+EXPIRE_CHUNK = 1000
+
 
 @dataclass(frozen=True)
 class PeerRemoved:
@@ -407,6 +412,15 @@ class PeerTable:
         for entry in later:
             heapq.heappush(self._expiry, entry)
         return expired
+
+    def expire_peer(self, peer_id: int, now: float) -> list[tuple[str, int]] | None:
+        """Remove the peer if its deadline is at or before `now`: its locks (semaphore,
+        ticket); None if it is not due (or not here)."""
+        peer = self._peers.get(peer_id)
+        if peer is None or peer.expires_at > now:
+            return None
+        del self._peers[peer_id]  # its entry in the expiry heap is stale now
+        return _locks(peer)
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ message from another node, `tick` the passing of time; `answers()`, `outbox()` a
 * every change is written to the slot's acceptors, and nothing that follows it (an answer, a
   message, even one to this node's own home or owner) leaves before the write is committed
   (`CommitGate`); what a lost slot's uncommitted writes held back fails instead (503);
-* the answer to an acquire, a release or a peer's deletion waits until the releases of the
-  peer's locks are confirmed by their owners, so that whatever the client asks next, through
-  any node, sees them.
+* the answer to an acquire, a heartbeat, a release or a peer's deletion waits until the
+  releases of the peer's locks it caused are confirmed by their owners, so that whatever the
+  client asks next, through any node, sees them.
 
 Acquires that wait (`block_for`, or only for a remote owner's first answer) park here until their
 peer holds all its locks, fails, moves, or the time is up.
@@ -172,8 +172,10 @@ class Shard:
     def submit(self, request_id: int, op: Operation, now: float) -> None:
         """Apply a client's operation; its answer comes out of `answers()`, maybe later."""
         self._begin(now)
-        # Answers that wait for the peer's releases, if it has any (see the module).
-        peer_id = op.peer_id if isinstance(op, Acquire | ReleaseLock | ReleasePeer) else None
+        # Answers that wait for the peer's releases, if it has any (see the module): a
+        # heartbeat of expiry 0 ends its peer too.
+        ends = Acquire | ReleaseLock | ReleasePeer | Heartbeat
+        peer_id = op.peer_id if isinstance(op, ends) else None
         try:
             if isinstance(op, Acquire):
                 self._make_room_to_wait(op.peer_id)
@@ -295,6 +297,7 @@ class Shard:
             case ListPeers():
                 return home.peers.peer_ids()
         self._check_home(op.peer_id, now)
+        home.expire_if_due(op.peer_id, now)
         match op:
             case Acquire(peer_id, name, count, expires_in, _, number):
                 return home.acquire(peer_id, name, count, now, expires_in, number)
@@ -368,10 +371,12 @@ class Shard:
         self._slot_events(now)
 
     def _end(self, now: float) -> None:
+        self._slot_events(now)
+        # Peers whose deadline has come expire, a chunk a step (one a request names, before it
+        # is applied: `_apply`).
+        self.home.expire(now)
         while True:
             self._slot_events(now)
-            # A peer whose deadline has come expires before anything about it is answered.
-            self.home.expire(now)
             self._home_events(now)
             for member, message in [*self.home.outbox(), *self.owner.outbox()]:
                 self._send(member, message)

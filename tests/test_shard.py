@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sluicegate.cluster.errors import NotServing, StaleOperation, UnknownPeer
 from sluicegate.cluster.lock_messages import LockRestore
+from sluicegate.cluster.peers import EXPIRE_CHUNK
 from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import SemaphoreConfig
 from sluicegate.cluster.semaphore_ops import (
@@ -214,3 +215,37 @@ def test_a_withdrawn_acquire_is_never_answered_and_no_longer_waits():
     assert not any(request_id in cluster.answers for request_id in gone)
     assert shard.next_deadline() < float("inf")  # the ownership's own, not a parked one
     assert len(shard._parked) == 0
+
+
+def test_a_heartbeat_that_ends_its_peer_is_answered_once_its_locks_are_back():
+    cluster = Shards(CONFIG, NODES)
+    home = next(n for n in NODES if n != owner(cluster, "B"))
+    peer = new_peer(cluster, home=home)
+    assert granted(cluster.call(Acquire(peer, "B", 2)))
+    cluster.hold(home, owner(cluster, "B"))
+    request_id = cluster.submit(home, Heartbeat(peer, 0.0))
+    cluster.settle()
+    assert request_id not in cluster.answers  # the owner has not confirmed the release yet
+    cluster.release(home, owner(cluster, "B"))
+    cluster.settle()
+    assert cluster.answers.pop(request_id).error is None
+    assert cluster.call(Remainder("B")).result == 3
+
+
+def test_peers_due_together_expire_a_chunk_a_step_and_one_named_first():
+    cluster = Shards(CONFIG, NODES)
+    home = NODES[0]
+    peers = [cluster.call(NewPeer(0.1), home).result for _ in range(2 * EXPIRE_CHUNK)]
+    cluster.now += 0.01
+    last = cluster.call(NewPeer(0.1), home).result  # due after all the others
+    assert granted(cluster.call(Acquire(last, "B", 1)))
+    shard = cluster.nodes[home]
+    cluster.now += 0.2  # within the slots' lease: no renewal is due to run first
+    shard.tick(cluster.now)
+    assert len(shard.home.peers.peer_ids()) == len(peers) + 1 - EXPIRE_CHUNK
+    assert shard.next_deadline() <= cluster.now  # the rest are due now
+    # A request about a peer the chunks have not reached finds it expired, its lock released.
+    assert isinstance(cluster.call(IsAcquired(last), home).error, UnknownPeer)
+    assert cluster.call(Remainder("B")).result == 3
+    cluster.run(0.2)
+    assert shard.home.peers.peer_ids() == []
