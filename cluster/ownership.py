@@ -442,6 +442,9 @@ class Ownership:
     def acting_slots(self, now: float) -> list[int]:
         return [slot for slot in self._owned if self.acting(slot, now)]
 
+    def acts_for_any(self, now: float) -> bool:
+        return any(self.acting(slot, now) for slot in self._owned)
+
     @property
     def voters(self) -> frozenset[str]:
         return self._voters
@@ -543,7 +546,7 @@ class Ownership:
     def write(self, slot: int, records: list[Record], gone: list[int | str], now: float) -> None:
         """Write the changes of a slot this node acts for (`acting(slot, now)`)."""
         owned = self._owned[slot]
-        write = Accept(slot, owned.ballot, owned.writer.next_version(), False, records, gone)
+        write = Accept(slot, owned.ballot, owned.writer.next_version(now), False, records, gone)
         self.gate.written(slot, write.version)
         self._to_voters(write)
         self._drain(now)
@@ -658,8 +661,8 @@ class Ownership:
             return
         acceptor.promised = write.ballot
         copy = acceptor.copy
-        copy.apply(write, now)
-        held = copy.version if copy.accepted == write.ballot else 0
+        applied = copy.apply(write, now)
+        held = copy.version if applied and copy.accepted == write.ballot else 0
         self._send(sender, Accepted(write.slot, write.ballot, held))
 
     def _on_recover(self, sender: str, nonce: int, now: float) -> None:
@@ -871,8 +874,8 @@ class Ownership:
         owned.cold = best is None
         owned.phase = WRITING
         owned.lease_from = owned.prepared_at
-        owned.writer = SlotWriter(slot, owned.ballot)
-        write = Accept(slot, owned.ballot, owned.writer.next_version(), True, records, [])
+        owned.writer = SlotWriter(slot, owned.ballot, now)
+        write = Accept(slot, owned.ballot, owned.writer.next_version(now), True, records, [])
         self.gate.written(slot, write.version)
         self._to_voters(write)
 
@@ -890,7 +893,7 @@ class Ownership:
         if owned is None or owned.writer is None or owned.ballot != ballot:
             return
         writer = owned.writer
-        if writer.held(sender, version):
+        if writer.held(sender, version, now):
             copy = self._acceptors[slot].copy
             if copy.accepted == ballot:
                 self._send(sender, Accept(slot, ballot, copy.version, True, copy.records(now), []))
@@ -922,8 +925,11 @@ class Ownership:
 
     def _resend_uncommitted(self, now: float) -> None:
         """A write no quorum acknowledged yet goes again, whole, to the live voters that have
-        not: its Accept or their Accepted may have been lost with a broken link, and without a
-        later write nothing else would tell (what waits on it would wait for good)."""
+        said nothing newer for half a lease: its Accept or their Accepted may have been lost
+        with a broken link, and without a later write nothing else would tell (what waits on
+        it would wait for good). Not sooner: under a stream of writes most slots have one on
+        its way at any time, and sending them all whole every round clogged the links until
+        the members counted each other down (100,000 peers made at one node of three)."""
         for slot, owned in self._owned.items():
             writer = owned.writer
             if writer is None or not writer.pending(self._voters):
@@ -931,9 +937,12 @@ class Ownership:
             copy = self._acceptors[slot].copy
             if copy.accepted != owned.ballot:
                 continue
+            stalled = writer.stalled(self._voters & self._live.keys(), now, self.lease / 2)
+            if not stalled:
+                continue
             write = Accept(slot, owned.ballot, copy.version, True, copy.records(now), [])
-            for member in writer.behind(self._voters & self._live.keys()):
-                writer.sent_whole(member)
+            for member in stalled:
+                writer.sent_whole(member, now)
                 self._send(member, write)
 
     def _on_renewed(self, sender: str, answer: Renewed, now: float) -> None:

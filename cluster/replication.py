@@ -46,8 +46,8 @@ class Accept:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """An acceptor holds `version` of `ballot` for `slot` (0: none of it; the owner sends the
-    slot whole)."""
+    """An acceptor holds `version` of `ballot` for `slot` (0: it could not apply the write, as
+    it does not follow what it holds; the owner sends the slot whole)."""
 
     slot: int
     ballot: Ballot
@@ -104,9 +104,9 @@ class SlotCopy:
 class SlotWriter:
     """The versions an owner wrote of one slot under one ballot, and who holds them."""
 
-    __slots__ = ("slot", "ballot", "version", "_held", "_whole_sent")
+    __slots__ = ("slot", "ballot", "version", "_held", "_whole_sent", "_began", "_stalled_from")
 
-    def __init__(self, slot: int, ballot: Ballot) -> None:
+    def __init__(self, slot: int, ballot: Ballot, now: float) -> None:
         self.slot = slot
         self.ballot = ballot
         self.version = 0
@@ -114,28 +114,49 @@ class SlotWriter:
         self._held: dict[str, int] = {}
         # member -> the version a whole copy was last sent it at (not again before news)
         self._whole_sent: dict[str, int] = {}
+        # member -> since when it has been behind without saying it holds anything newer
+        # (one not in it: since the writer began)
+        self._began = now
+        self._stalled_from: dict[str, float] = {}
 
-    def next_version(self) -> int:
+    def next_version(self, now: float) -> int:
+        for member, version in self._held.items():
+            if version == self.version:  # caught up until this write
+                self._stalled_from[member] = now
         self.version += 1
         return self.version
 
-    def held(self, member: str, version: int) -> bool:
-        """`member` holds `version`; True if it needs the slot whole (it is behind what was
-        sent it, and no whole copy is on its way since it said so)."""
-        self._held[member] = max(self._held.get(member, 0), version)
-        behind = self._held[member] < self.version
-        if not behind or self._whole_sent.get(member, -1) >= version:
+    def held(self, member: str, version: int, now: float) -> bool:
+        """`member` holds `version`, or (0) could not apply what it was sent; True if it needs
+        the slot whole: it said 0, and no whole copy is on its way to it. (A member that says
+        a version below the latest is not missing anything: the writes after it are on their
+        way, in order, on the same link.)"""
+        before = self._held.get(member, 0)
+        self._held[member] = max(before, version)
+        if version > before:
+            self._stalled_from[member] = now
+        if version > 0:
             return False
+        if self._held[member] < self._whole_sent.get(member, 0):
+            return False  # the whole copy sent it is still on its way
         self._whole_sent[member] = self.version
         return True
 
-    def behind(self, voters: Iterable[str]) -> list[str]:
-        """The `voters` that have not said they hold the latest version."""
-        return sorted(m for m in voters if self._held.get(m, 0) < self.version)
+    def stalled(self, voters: Iterable[str], now: float, patience: float) -> list[str]:
+        """The `voters` behind the latest version that have said they hold nothing newer for
+        `patience`: a write to them, or their answer, may be lost. (One that is behind but
+        answering is only slow: sending it more would slow it further.)"""
+        return sorted(
+            member
+            for member in voters
+            if self._held.get(member, 0) < self.version
+            and now - self._stalled_from.get(member, self._began) >= patience
+        )
 
-    def sent_whole(self, member: str) -> None:
+    def sent_whole(self, member: str, now: float) -> None:
         """A whole copy of the latest version went to `member`."""
         self._whole_sent[member] = self.version
+        self._stalled_from[member] = now
 
     def committed(self, voters: Collection[str]) -> int:
         """The highest version a quorum of `voters` holds."""
@@ -158,31 +179,38 @@ class CommitGate(Generic[T]):
 
     def __init__(self) -> None:
         self._next = 0
-        # Writes not committed yet: number -> (slot, version).
+        # Writes not committed yet: number -> (slot, version); their numbers in order (some
+        # committed already: dropped when they come first); and per slot, (version, number).
         self._pending: dict[int, tuple[int, int]] = {}
+        self._order: deque[int] = deque()
+        self._by_slot: dict[int, deque[tuple[int, int]]] = {}
         self._held: deque[tuple[int, T]] = deque()
         self._failed: list[T] = []
 
     def written(self, slot: int, version: int) -> None:
         self._next += 1
         self._pending[self._next] = (slot, version)
+        self._order.append(self._next)
+        self._by_slot.setdefault(slot, deque()).append((version, self._next))
 
     def hold(self, item: T) -> None:
         self._held.append((self._next, item))
 
     def committed(self, slot: int, version: int) -> None:
         """Every write of `slot` up to `version` is committed."""
-        for number, (s, v) in list(self._pending.items()):
-            if s == slot and v <= version:
-                del self._pending[number]
+        writes = self._by_slot.get(slot)
+        while writes and writes[0][0] <= version:
+            del self._pending[writes.popleft()[1]]
+        if writes is not None and not writes:
+            del self._by_slot[slot]
 
     def lost(self, slot: int) -> None:
         """`slot` is lost: its uncommitted writes never will be; what they held back fails."""
-        numbers = [n for n, (s, _) in self._pending.items() if s == slot]
-        if not numbers:
+        writes = self._by_slot.pop(slot, None)
+        if not writes:
             return
-        first = min(numbers)
-        for number in numbers:
+        first = writes[0][1]
+        for _, number in writes:
             del self._pending[number]
         kept: deque[tuple[int, T]] = deque()
         for mark, item in self._held:
@@ -193,7 +221,10 @@ class CommitGate(Generic[T]):
         self._held = kept
 
     def released(self) -> list[T]:
-        oldest = min(self._pending, default=self._next + 1)
+        order = self._order
+        while order and order[0] not in self._pending:
+            order.popleft()
+        oldest = order[0] if order else self._next + 1
         out = []
         while self._held and self._held[0][0] < oldest:
             out.append(self._held.popleft()[1])

@@ -280,7 +280,7 @@ class Shard:
         home = self.home
         match op:
             case NewPeer(expires_in):
-                if not self.ownership.acting_slots(now):
+                if not self.ownership.acts_for_any(now):
                     raise NotServing(f"{self.me} acts for no slot now")
                 return home.new_peer(
                     now + expires_in,
