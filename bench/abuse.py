@@ -4,8 +4,9 @@
   half-sent request line (`GET /`) open: target at least 0.8x;
 * the node's RSS while a /ws client sends waits and never reads its answers for 15 s, against
   its RSS at rest: target at most +100 MB;
-* the longest `GET /health` while 100,000 peers expire at once, on a single node and on a
-  cluster node (target: no stall over 50 ms).
+* the longest `GET /health` while 100,000 peers expire at once, and while four clients keep
+  asking `GET /peers/` of them, on a single node and on a cluster node (target: no stall over
+  50 ms).
 
     python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000]
 
@@ -94,10 +95,9 @@ def longest_health_during_expiry(peers: int, cluster: bool) -> float:
     """Seconds of the slowest `GET /health` while `peers` peers expire together, on a single
     node or on a cluster node (a cluster of one: the same shard, home and writes as in three)."""
     config = CONFIG + f"[limits]\npeers = {peers}\npeers_per_connection = {peers}\n"
-    args, env = [], {}
+    args, env = node_kind(cluster)
     if cluster:
         config += '[cluster]\ndown_after = "1s"\n'
-        args, env = ["--node-id", "n1"], {"SLUICEGATE_CLUSTER_SECRET": "bench-secret-of-16+bytes"}
     with NodeProcess(config, args=args, env=env) as node:
         wait_until(lambda: is_ready(node.url), 15, "the node serves")
         expires_in = 3.0 + peers / 20_000  # long enough to make them all first
@@ -109,6 +109,49 @@ def longest_health_during_expiry(peers: int, cluster: bool) -> float:
             longest = max(longest, time.monotonic() - started)
             time.sleep(0.005)
     return longest
+
+
+def longest_health_while_listing(
+    peers: int, cluster: bool, listers: int = 4
+) -> tuple[float, float]:
+    """Seconds of the slowest `GET /health` while `listers` clients keep asking `GET /peers/`
+    of `peers` peers, for 5 s; and of the slowest `GET /peers/`."""
+    config = CONFIG + f"[limits]\npeers = {peers}\npeers_per_connection = {peers}\n"
+    args, env = node_kind(cluster)
+    with NodeProcess(
+        config + ('[cluster]\ndown_after = "1s"\n' if cluster else ""), args=args, env=env
+    ) as node:
+        wait_until(lambda: is_ready(node.url), 15, "the node serves")
+        trio.run(make_peers, f"ws://127.0.0.1:{node.port}/ws", peers, 600.0)
+        slowest = {"health": 0.0, "list": 0.0}
+
+        def timed(path: str, what: str) -> None:
+            started = time.monotonic()
+            urllib.request.urlopen(f"{node.url}{path}", timeout=60).read()
+            slowest[what] = max(slowest[what], time.monotonic() - started)
+
+        async def keep_listing(until: float) -> None:
+            while time.monotonic() < until:
+                await trio.to_thread.run_sync(timed, "/peers/", "list")
+
+        async def run() -> None:
+            until = time.monotonic() + 5
+            async with trio.open_nursery() as nursery:
+                for _ in range(listers):
+                    nursery.start_soon(keep_listing, until)
+                while time.monotonic() < until:
+                    await trio.to_thread.run_sync(timed, "/health", "health")
+                    await trio.sleep(0.005)
+
+        trio.run(run)
+    return slowest["health"], slowest["list"]
+
+
+def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
+    """The arguments and environment of a single node, or of a cluster node."""
+    if not cluster:
+        return [], {}
+    return ["--node-id", "n1"], {"SLUICEGATE_CLUSTER_SECRET": "bench-secret-of-16+bytes"}
 
 
 def main() -> None:
@@ -145,6 +188,12 @@ def main() -> None:
     for name, cluster in (("single node", False), ("cluster node", True)):
         longest = longest_health_during_expiry(args.peers, cluster)
         print(f"{name:<32}  {longest * 1000:>6.0f} ms")
+
+    print(f"\n{args.peers} peers, four clients asking GET /peers/ for 5 s (target: 50 ms)")
+    print(f"{'':<32}  {'slowest /health':>15}  {'slowest /peers/':>15}")
+    for name, cluster in (("single node", False), ("cluster node", True)):
+        health, listing = longest_health_while_listing(args.peers, cluster)
+        print(f"{name:<32}  {health * 1000:>12.0f} ms  {listing * 1000:>12.0f} ms")
 
 
 if __name__ == "__main__":

@@ -178,8 +178,13 @@ class PeerTable:
     def is_acquired(self, peer_id: int) -> bool:
         return self._peer(peer_id).pending is None
 
-    def peer_ids(self) -> list[int]:
-        return list(self._peers)
+    def peer_ids(self, low: int = 0, high: int = 2**64, most: float = math.inf) -> list[int] | None:
+        """The ids from `low` to `high` (both included); None if they are more than `most`."""
+        if low <= 0 and high >= 2**64 - 1:
+            found = list(self._peers)
+        else:
+            found = [peer_id for peer_id in self._peers if low <= peer_id <= high]
+        return found if len(found) <= most else None
 
     def has_peer(self, peer_id: int) -> bool:
         return peer_id in self._peers

@@ -80,9 +80,19 @@ class Restore:
     op: int | None = None
 
 
+# Peer ids one `ListPeers` answers with at most (450 KB of msgpack: half a node link's frame).
+PEER_PAGE = 50_000
+LAST_PEER_ID = 2**64 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class ListPeers:
-    pass
+    """The ids of the peers from `low` to `high` (both included), or None if they are more
+    than `most`: the asker splits the range and asks again."""
+
+    low: int = 0
+    high: int = LAST_PEER_ID
+    most: int = PEER_PAGE
 
 
 Operation = (
@@ -121,6 +131,6 @@ def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) ->
             return core.remainder(semaphore)
         case Restore(peer_id, expires_in, acquired, number):
             return core.restore(peer_id, acquired, now + expires_in, number)
-        case ListPeers():
-            return core.peer_ids()
+        case ListPeers(low, high, most):
+            return core.peer_ids(low, high, most)
     raise TypeError(f"not a semaphore operation: {op!r}")

@@ -70,8 +70,8 @@ class SemaphoreCore:
     def is_acquired(self, peer_id: int) -> bool:
         return self._peers.is_acquired(peer_id)
 
-    def peer_ids(self) -> list[int]:
-        return self._peers.peer_ids()
+    def peer_ids(self, low: int = 0, high: int = 2**64, most: float = math.inf) -> list[int] | None:
+        return self._peers.peer_ids(low, high, most)
 
     def has_peer(self, peer_id: int) -> bool:
         return self._peers.has_peer(peer_id)

@@ -294,8 +294,8 @@ class Shard:
                 if not self.serves_semaphore(name, now):
                     raise NotServing(f"semaphore {name!r} is not served by {self.me} now")
                 return self.owner.remainder(name)
-            case ListPeers():
-                return home.peers.peer_ids()
+            case ListPeers(low, high, most):
+                return home.peers.peer_ids(low, high, most)
         self._check_home(op.peer_id, now)
         home.expire_if_due(op.peer_id, now)
         match op:

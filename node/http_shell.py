@@ -21,10 +21,10 @@ import trio
 from sluicegate.cluster import errors
 from sluicegate.cluster.rate_limits import RateCheck, retry_after_header
 from sluicegate.cluster.semaphore_ops import (
+    LAST_PEER_ID,
     Acquire,
     Heartbeat,
     IsAcquired,
-    ListPeers,
     NewPeer,
     ReleaseLock,
     ReleasePeer,
@@ -44,6 +44,8 @@ log = logging.getLogger("sluicegate.http")
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
 HTML = "text/html; charset=utf-8"
+# Peers of `GET /peers/` encoded in one step.
+ENCODE_CHUNK = 10_000
 
 NOT_FOUND_PAGE = (
     b'<!DOCTYPE html>\n<html>\n\n<head>\n    <meta charset="UTF-8">\n'
@@ -192,6 +194,16 @@ def _shaped(convert: Callable[[], object]) -> object:
         ) from None
 
 
+def _count(text: str) -> int:
+    """A whole number of at most 20 digits (`?limit=` of `GET /peers/`, ours), with serde's
+    wording for what is not one."""
+    if not text.isascii() or not text.isdigit():
+        raise serde.ShapeError("invalid digit found in string")
+    if len(text) > 20 or int(text) > LAST_PEER_ID:
+        raise serde.ShapeError("number too large to fit in target type")
+    return int(text)
+
+
 def _query(request: Request, fields: dict, required=()) -> dict:
     try:
         return serde.parse_query(request.query, fields, required)
@@ -270,8 +282,15 @@ class ThrottleApi:
         return json_response(await self.semaphores.call(NewPeer(expires_in)))
 
     async def list_peers(self, request: Request) -> Response:
-        peer_ids = await self.semaphores.call(ListPeers())
-        return json_response([{"id": peer_id} for peer_id in peer_ids])
+        limit = _query(request, {"limit": _count})
+        peer_ids = await self.semaphores.list_peers(limit.get("limit"))
+        # Encoded a chunk at a time, letting others in between (300,000 peers: 70 ms at once).
+        parts = []
+        for start in range(0, len(peer_ids), ENCODE_CHUNK):
+            chunk = peer_ids[start : start + ENCODE_CHUNK]
+            parts.append(",".join([f'{{"id":{peer_id}}}' for peer_id in chunk]))
+            await trio.lowlevel.checkpoint()
+        return Response(200, f"[{','.join(parts)}]".encode(), JSON)
 
     async def heartbeat(self, request: Request, peer: bytes) -> Response:
         peer_id = _peer_id(peer)

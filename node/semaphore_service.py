@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from sluicegate.cluster.errors import LimitError, NotServing
 from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 from sluicegate.cluster.semaphore_ops import (
+    LAST_PEER_ID,
     Acquire,
     Heartbeat,
     IsAcquired,
@@ -63,6 +65,30 @@ def admitted(
     return result
 
 
+# This node's own peers, in one step: a list of 100,000 ids takes a millisecond or two, and no
+# frame limits it.
+EVERY_PEER = ListPeers(most=LAST_PEER_ID)
+
+
+async def listed_peers(
+    ask: Callable[[ListPeers], Awaitable[list[int] | None]], limit: int | None
+) -> list[int]:
+    """The peer ids another member answers for (at most `limit`), a page at a time: a range of
+    ids with more than a page in it is split in two and asked again. No answer is larger than
+    half a link's frame, whatever ids the peers have (a restore may choose them)."""
+    found: list[int] = []
+    ranges = [(0, LAST_PEER_ID)]
+    while ranges and (limit is None or len(found) < limit):
+        low, high = ranges.pop()
+        page = await ask(ListPeers(low, high))
+        if page is None:
+            middle = (low + high) // 2
+            ranges += [(middle + 1, high), (low, middle)]
+        else:
+            found.extend(page)
+    return found if limit is None else found[:limit]
+
+
 def epoch_now() -> int:
     """Fencing epoch: wall-clock milliseconds, which grow from one owner to the next."""
     return time.time_ns() // 1_000_000
@@ -93,6 +119,9 @@ class LocalSemaphores:
 
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
+
+    async def list_peers(self, limit: int | None = None) -> list[int]:
+        return (await self._actor.call(EVERY_PEER))[:limit]
 
     def retry_here_for(self) -> float:
         """One node: no other member takes anything over."""
@@ -146,8 +175,6 @@ class ClusterSemaphores:
         """Serve `op` wherever its state lives; `Unavailable` (503) while that cannot be done."""
         try:
             op = self._limits.admit(op)
-            if isinstance(op, ListPeers):
-                return await self._list_peers()
             target = self._target(op)
             if target is None or target == self.node_id:
                 return await self._actor.call(op)
@@ -169,8 +196,6 @@ class ClusterSemaphores:
 
     def serves_here(self, op: Operation) -> bool:
         """Is `op` served by this node's own actor (else `call` forwards it)?"""
-        if isinstance(op, ListPeers):
-            return False
         target = self._target(op)
         return target is None or target == self.node_id
 
@@ -204,13 +229,21 @@ class ClusterSemaphores:
                 return self._shard.home_of(op.peer_id, self._clock.now())
         raise TypeError(f"not a semaphore operation: {op!r}")
 
-    async def _list_peers(self) -> list[int]:
+    async def list_peers(self, limit: int | None = None) -> list[int]:
+        """Every live member's peers (at most `limit`), member by member."""
         peer_ids: list[int] = []
         for node_id in sorted(self._membership.live_members()):
+            left = None if limit is None else limit - len(peer_ids)
+            if left == 0:
+                break
             if node_id == self.node_id:
-                peer_ids.extend(await self._actor.call(ListPeers()))
-            else:
-                peer_ids.extend(await self._rpc.call(node_id, ListPeers(), FORWARD_TIMEOUT))
+                peer_ids.extend((await self._actor.call(EVERY_PEER))[:left])
+                continue
+
+            async def ask(op: ListPeers, node_id: str = node_id) -> list[int] | None:
+                return await self._rpc.call(node_id, op, FORWARD_TIMEOUT)
+
+            peer_ids.extend(await listed_peers(ask, left))
         return peer_ids
 
     # -- keeping the shard informed ----------------------------------------------------------

@@ -272,6 +272,28 @@ def test_the_node_holds_at_most_its_peers_and_says_which_limit(tmp_path):
         bystander(node)
 
 
+def test_listing_many_peers_answers_them_all_and_takes_a_limit(tmp_path):
+    config = CONFIG + "[limits]\npeers_per_connection = 60000\n"
+    with NodeProcess(config, workdir=tmp_path) as node:
+        made = set()
+        for start in range(0, 60_000, 5000):  # in turns: the node stops reading a connection
+            frames = [  # whose answers are not read
+                [{"id": i, "op": "new_peer", "expires_in": 600} for i in range(at, at + 1000)]
+                for at in range(start, start + 5000, 1000)
+            ]
+            made |= {a["ok"] for a in ws_session(node, frames)}
+        assert len(made) == 60_000
+        status, body = request(node, "GET", "/peers/", timeout=30)
+        assert status == 200 and {entry["id"] for entry in json.loads(body)} == made
+        status, body = request(node, "GET", "/peers/?limit=7")
+        assert status == 200 and len(json.loads(body)) == 7
+        for bad in (b"x", b"-1", b"9" * 5000):
+            status, body = request(node, "GET", "/peers/?limit=" + bad.decode())
+            assert status == 400 and body.startswith(b"Failed to deserialize query string: ")
+            assert len(body) < 200
+        bystander(node)
+
+
 def test_rate_limit_keys_and_their_length_are_bounded(tmp_path):
     config = (
         CONFIG

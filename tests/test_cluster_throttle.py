@@ -7,6 +7,7 @@ killed with SIGKILL, and come back: what a quorum holds survives, with no restor
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -23,6 +24,7 @@ from throttle_client.client import UnknownPeer
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from sluicegate.cluster.ring import Ring, peer_key, semaphore_key
+from sluicegate.cluster.semaphore_ops import PEER_PAGE
 from sluicegate.cluster.slots import SLOTS, member_for, takeover_bound
 
 from .haproxy import HaproxyProcess
@@ -387,6 +389,40 @@ def test_peers_whose_home_is_killed_keep_their_locks_with_no_restore(cluster):
     assert via.remainder("A") == 0
     via.release(holder)
     assert via.is_acquired(other)
+
+
+def test_peers_are_listed_from_every_member_a_page_at_a_time(tmp_path):
+    """A member with more peers than fit in one answer over a node link (`PEER_PAGE`) is asked
+    again for halves of the id range, until every page fits."""
+    config = CONFIG + "[limits]\npeers_per_connection = 60000\n"
+    with running_cluster(tmp_path, config) as (nodes, _):
+        made = trio.run(new_peers, nodes["n1"].url, PEER_PAGE + 5000)
+        made.add(Client(nodes["n2"].url).new_peer(timedelta(minutes=1)))
+        for node in nodes.values():
+            with urllib.request.urlopen(f"{node.url}/peers/", timeout=60) as answer:
+                assert {entry["id"] for entry in json.load(answer)} == made
+        with urllib.request.urlopen(f"{nodes['n3'].url}/peers/?limit=3", timeout=10) as answer:
+            assert len(json.load(answer)) == 3
+
+
+async def new_peers(url: str, count: int) -> set[int]:
+    """`count` peers made through the node at `url` (so homed there), over one /ws connection."""
+    made: set[int] = set()
+    with trio.fail_after(60):
+        async with open_websocket_url(f"ws://{url.split('//', 1)[1]}/ws") as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            for start in range(0, count, 1000):
+                frame = [
+                    {"id": i, "op": "new_peer", "expires_in": 60}
+                    for i in range(start, min(count, start + 1000))
+                ]
+                await ws.send_message(msgpack.packb(frame))
+                while len(made) < start + len(frame):
+                    answers = msgpack.unpackb(await ws.get_message())
+                    assert all("ok" in a for a in answers), answers[:3]
+                    made |= {a["ok"] for a in answers}
+    return made
 
 
 def test_node_links_are_not_reachable_through_the_balancer(cluster):

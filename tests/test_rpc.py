@@ -17,6 +17,7 @@ from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import RateChecks, RateHandover, RateState, SlotRates
 from sluicegate.cluster.semaphore_ops import (
+    LAST_PEER_ID,
     Acquire,
     AcquireOutcome,
     IsAcquired,
@@ -92,6 +93,7 @@ async def test_a_call_returns_the_remote_result(autojump_clock, pair):
     assert await rpc.call("b", Remainder("A"), timeout=5) == 7
     # A peer list that looks like a tagged message still comes back as a list.
     assert await rpc.call("b", ListPeers(), timeout=5) == [19, 0]
+    assert await rpc.call("b", ListPeers(2**63, LAST_PEER_ID, 3), timeout=5) == [19, 0]
     assert await rpc.call("b", Acquire(1, "A", 1), timeout=5) == AcquireOutcome(True, 42)
 
 

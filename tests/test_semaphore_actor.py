@@ -16,6 +16,7 @@ from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
     IsAcquired,
+    ListPeers,
     NewPeer,
     ReleaseLock,
     ReleasePeer,
@@ -23,6 +24,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
 from sluicegate.node.semaphore_actor import SemaphoreActor
+from sluicegate.node.semaphore_service import listed_peers
 
 
 @pytest.fixture
@@ -235,3 +237,21 @@ async def test_many_peers_expire_in_steps_of_a_thousand(autojump_clock, actor, c
     assert removed == [f"Removed {n} peers due to expiration." for n in (1000, 1000, 1000, 500)]
     assert await actor.call(IsAcquired(others)) is True
     assert actor.core.peer_ids() == [others]
+
+
+async def test_peers_are_listed_a_page_at_a_time_and_as_many_as_asked():
+    """A range with more than a page of peers is split and asked again: every peer comes once,
+    and no answer is longer than a page, whatever the ids (a restore may choose them)."""
+    rng = random.Random(7)
+    ids = {rng.getrandbits(64) for _ in range(200)} | {5, 6, 7, 2**64 - 1}
+    asked = []
+
+    async def ask(op: ListPeers) -> list[int] | None:
+        asked.append(op)
+        found = [peer_id for peer_id in ids if op.low <= peer_id <= op.high]
+        return found if len(found) <= 3 else None
+
+    listed = await listed_peers(ask, None)
+    assert sorted(listed) == sorted(ids)
+    assert len(asked) < 4 * len(ids)
+    assert len(await listed_peers(ask, 10)) == 10
