@@ -375,11 +375,17 @@ def _decisions(sends, per_node: bool) -> dict[tuple[int, int], tuple[int, str]]:
     * Gossip mode (`per_node`): every node decides, and only the deciding node remembers.
     * Exact mode: the key's owner remembers, and hands its memory over with the key; when the
       owner fails its memory goes with it. So a go answered at another node, with another
-      `remaining`, to a try the client sent while its earlier try was still unanswered (it
-      moved on from a node that stopped answering), was decided anew: the late answer of the
-      first try was decided by the failed owner before it lost the key."""
+      `remaining`, was decided anew if the client had given up on one of the two tries while
+      it was unanswered (they overlap, or the client asked again, maybe more than once, while
+      the first went unanswered): the late answer was decided by the failed owner before it
+      lost the key, and the client never took it."""
     keys: dict[tuple[int, int], tuple[int, str]] = {}
     first: dict[tuple[int, str], tuple[object, int]] = {}
+    # Every try of each retry id, answered or not: when it was sent.
+    tries: dict[int, list[float]] = defaultdict(list)
+    for send in sends:
+        for retry_id in send.retry_ids:
+            tries[retry_id].append(send.sent)
     for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
         for order, (retry_id, go, remaining) in enumerate(
             zip(send.retry_ids, send.goes, send.remaining, strict=True)
@@ -389,7 +395,8 @@ def _decisions(sends, per_node: bool) -> dict[tuple[int, int], tuple[int, str]]:
             if known is not None and not per_node and go and remaining != known[1]:
                 then = known[0]
                 overlapping = send.sent < then.answered and then.sent < send.answered
-                if then.node != send.node and overlapping:
+                given_up = any(then.sent < sent < then.answered for sent in tries[retry_id])
+                if then.node != send.node and (overlapping or given_up):
                     key = (retry_id, send.node)
                     known = first.get(key)
             if known is None and go:
