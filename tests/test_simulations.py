@@ -23,8 +23,7 @@ SEEDS_OF_FIVE = 20
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions.txt (or regressions-five.txt), until it is fixed.
-# Five-node lease losses under a clog of one node's links (regressions-five.txt).
-OPEN: set[int] = {19132829, 19133156, 19133470, 19133607}
+OPEN: set[int] = set()
 
 
 def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
