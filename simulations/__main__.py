@@ -75,8 +75,9 @@ def main() -> int:
         description=(
             "Sweep --three seeds with three nodes and --five with five, from --first (without "
             "it, a random first seed, printed before anything runs so that the sweep can be "
-            "run again), with the availability probe. Prints each sweep's progress line and "
-            "summary, and how to replay every seed that failed; exit status 1 if any did."
+            "run again), with the availability probe and every fault kind, the extra ones "
+            "(skew, freeze) included. Prints each sweep's progress line and summary, and how "
+            "to replay every seed that failed; exit status 1 if any did."
         ),
     )
     deep.add_argument("--three", type=int, default=3000, help="seeds with three nodes")
@@ -89,7 +90,7 @@ def main() -> int:
         action="store_false",
         help="without the availability probe (a quarter faster; other histories)",
     )
-    _add_sweep_options(deep, availability=False)
+    _add_sweep_options(deep, availability=False, extra=tuple(EXTRA_FAULTS))
     chaos = commands.add_parser(
         "chaos",
         help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
@@ -144,15 +145,19 @@ def main() -> int:
     return 1 if failures else 0
 
 
-def _add_sweep_options(parser: argparse.ArgumentParser, availability: bool = True) -> None:
+def _add_sweep_options(
+    parser: argparse.ArgumentParser, availability: bool = True, extra: tuple[str, ...] = ()
+) -> None:
     parser.add_argument(
         "--with",
         dest="extra",
         type=_extra_kinds,
-        default=(),
+        default=extra,
         metavar="KINDS",
         help=f"fault kinds to add to the seeds' choice, comma-separated: {', '.join(EXTRA_FAULTS)}"
-        " (each seed enables each with probability 1/2)",
+        " (each seed enables each with probability 1/2; default: "
+        + (", ".join(extra) if extra else "none")
+        + "; --with '' for none)",
     )
     if availability:
         parser.add_argument(
@@ -284,7 +289,7 @@ def run_deep(
     """`three` seeds with three nodes and `five` with five, from `first` (random if None)."""
     if first is None:
         first = random.SystemRandom().randrange(10**7, 10**9)
-    options = f" --with {','.join(extra)}" if extra else ""
+    options = f" --with {','.join(extra) or repr('')}"
     options += "" if availability else " --no-availability"
     print(
         f"deep: seeds {first} to {first + three - 1} with three nodes, {first} to "
