@@ -189,6 +189,9 @@ class PeerTable:
     def has_peer(self, peer_id: int) -> bool:
         return peer_id in self._peers
 
+    def __len__(self) -> int:
+        return len(self._peers)
+
     def wants(self, peer_id: int, semaphore: str, ticket: int) -> bool:
         """Does the peer hold or wait for the lock of `ticket` on `semaphore`, or a later one?"""
         peer = self._peers.get(peer_id)

@@ -271,6 +271,11 @@ class Shard:
     def restores_beyond_max(self) -> int:
         return self.owner.leases.restores_beyond_max
 
+    @property
+    def waiting_acquires(self) -> int:
+        """Acquires parked here until their peer holds its locks (or their time is up)."""
+        return len(self._parked)
+
     def fencing_token(self, peer_id: int, semaphore: str) -> int | None:
         return self.home.peers.token(peer_id, semaphore)
 

@@ -113,7 +113,13 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily(
             "sluicegate_peers_homed",
             "Peers whose home is this node.",
-            value=len(shard.home.peers.peer_ids()),
+            value=len(shard.home.peers),
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_acquires_waiting",
+            "Acquires waiting at this node for their peer's locks (block_for, or wait over /ws); "
+            "a client that goes away withdraws its own.",
+            value=shard.waiting_acquires,
         )
         yield GaugeMetricFamily(
             "sluicegate_semaphores_in_grace",

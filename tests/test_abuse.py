@@ -10,11 +10,13 @@ import http.client
 import json
 import socket
 import time
+from contextlib import AsyncExitStack
 
 import msgpack
 import pytest
+import trio
 
-from .nodes import NodeProcess, wait_until
+from .nodes import NodeProcess, gauge, is_ready, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -292,6 +294,42 @@ def test_listing_many_peers_answers_them_all_and_takes_a_limit(tmp_path):
             assert status == 400 and body.startswith(b"Failed to deserialize query string: ")
             assert len(body) < 200
         bystander(node)
+
+
+def test_waiting_acquires_of_closed_connections_are_withdrawn(tmp_path):
+    """Connections that park waits and close: the waits go with them, on a cluster node too
+    (a cluster of one: its gauge counts them)."""
+    config = CONFIG + '[cluster]\ndown_after = "1s"\n'
+    env = {"SLUICEGATE_CLUSTER_SECRET": "abuse-test-secret-16+"}
+    with NodeProcess(config, workdir=tmp_path, args=["--node-id", "n1"], env=env) as node:
+        wait_until(lambda: is_ready(node.url), 15, "the node serves")
+        holder_and_waiter(node, "B")
+        trio.run(_park_and_leave, f"ws://127.0.0.1:{node.port}/ws", node, 20, 16)
+        wait_until(lambda: gauge(node, "sluicegate_acquires_waiting") == 0, 2, "withdrawn")
+        bystander(node)
+
+
+async def _park_and_leave(url: str, node, connections: int, waits: int) -> None:
+    """`connections` connections each make a peer, park `waits` waits for B, and close."""
+    from trio_websocket import open_websocket_url
+
+    async with AsyncExitStack() as stack:
+        for _ in range(connections):
+            ws = await stack.enter_async_context(open_websocket_url(url))
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            await ws.send_message(msgpack.packb([{"id": 0, "op": "new_peer", "expires_in": 600}]))
+            [made] = msgpack.unpackb(await ws.get_message())
+            frame = [
+                {"id": i, "op": "acquire", "peer": made["ok"], "semaphore": "B", "wait": 600}
+                for i in range(1, waits + 1)
+            ]
+            await ws.send_message(msgpack.packb(frame))
+        parked = connections * waits
+        with trio.fail_after(10):
+            while gauge(node, "sluicegate_acquires_waiting") < parked:
+                await trio.sleep(0.05)
+    # (leaving the stack closed every connection)
 
 
 def test_rate_limit_keys_and_their_length_are_bounded(tmp_path):
