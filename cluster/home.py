@@ -10,6 +10,9 @@
 * releases (by the client, a peer's deletion, expiry) go to the semaphore's owner again every
   `RETRY_INTERVAL` until it confirms them (`LockReleased`; at most `RELEASE_PATIENCE`): until
   then `unconfirmed` says so, and the shard holds back the answers that depend on them;
+* a peer lives `STRETCH` times the `expires_in` its client asked for, by this node's clock:
+  the client counts its lease on its own, which may run slower than this node's (by up to
+  DRIFT, and this node's faster), and must never hold a lock its home already gave up;
 * a heartbeat that keeps the peer's lease (its `expires_in`) writes nothing: a home that gains
   the peer's slot gives it a whole lease from then, which is later than any deadline the old
   home set (`PeerTable.load`);
@@ -41,6 +44,7 @@ from .lock_messages import (
 )
 from .peers import EXPIRE_CHUNK, AskOwner, PeerRecord, PeerTable
 from .semaphore_leases import SemaphoreConfig
+from .slots import STRETCH
 
 # A home sends a lock to its owner again if no answer came this long after it sent it...
 RETRY_INTERVAL = 1.0
@@ -139,15 +143,16 @@ class Home:
 
     # -- the Throttle API ------------------------------------------------------------------
 
-    def new_peer(self, expires_at: float, lease: float, rng: random.Random, homed) -> int:
+    def new_peer(self, now: float, lease: float, rng: random.Random, homed) -> int:
+        expires_at = now + lease * STRETCH
         peer_id = self.peers.new_peer(expires_at, rng, homed_here=homed, lease=lease)
         self._dirty.add(peer_id)
         return peer_id
 
-    def heartbeat(self, peer_id: int, expires_at: float, lease: float) -> None:
+    def heartbeat(self, peer_id: int, now: float, lease: float) -> None:
         if self.peers.lease(peer_id) != lease:
             self._dirty.add(peer_id)
-        self.peers.heartbeat(peer_id, expires_at, lease)
+        self.peers.heartbeat(peer_id, now + lease * STRETCH, lease)
 
     def release_peer(self, peer_id: int, op: int | None, now: float) -> bool:
         if self.peers.has_peer(peer_id):
@@ -172,7 +177,7 @@ class Home:
         self._now = now
         self.peers.numbered(peer_id, op)
         self._dirty.add(peer_id)
-        decision = self.peers.acquire(peer_id, semaphore, count, now, expires_in)
+        decision = self.peers.acquire(peer_id, semaphore, count, now, expires_in, STRETCH)
         if not isinstance(decision, AskOwner):
             return decision
         self._deciding[peer_id] = now + DECISION_TIMEOUT
@@ -190,12 +195,11 @@ class Home:
         self,
         peer_id: int,
         acquired: Mapping[str, int],
-        expires_at: float,
         lease: float,
         op: int | None,
         now: float,
     ) -> None:
-        tickets = self.peers.restore(peer_id, acquired, expires_at, lease, op)
+        tickets = self.peers.restore(peer_id, acquired, now + lease * STRETCH, lease, op)
         if tickets is None:
             return
         self._dirty.add(peer_id)

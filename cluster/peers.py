@@ -249,8 +249,10 @@ class PeerTable:
         count: int,
         now: float,
         expires_in: float | None = None,
+        stretch: float = 1.0,
     ) -> bool | AskOwner:
-        """Checks 1 to 8; the answer (all acquired?) when they settle it, else `AskOwner`."""
+        """Checks 1 to 8; the answer (all acquired?) when they settle it, else `AskOwner`.
+        `expires_in` renews the peer, for `stretch` times that (a cluster's home: STRETCH)."""
         config = self._config.get(semaphore)
         if config is None:
             raise UnknownSemaphore(semaphore)
@@ -258,7 +260,7 @@ class PeerTable:
             raise LockNeverAcquirable(count, config.max)
         if expires_in is not None:
             self._peer(peer_id).lease = expires_in
-            self._set_expiry(self._peer(peer_id), peer_id, now + expires_in)
+            self._set_expiry(self._peer(peer_id), peer_id, now + expires_in * stretch)
         if count < 1:
             raise InvalidLockCount(count)
         peer = self._peer(peer_id)

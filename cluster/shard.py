@@ -288,7 +288,7 @@ class Shard:
                 if not self.ownership.acts_for_any(now):
                     raise NotServing(f"{self.me} acts for no slot now")
                 return home.new_peer(
-                    now + expires_in,
+                    now,
                     expires_in,
                     self._rng,
                     lambda peer_id: self.serves_peer(peer_id, now),
@@ -310,14 +310,14 @@ class Shard:
                 home.release_lock(peer_id, name, number, now)
                 return None
             case Heartbeat(peer_id, expires_in):
-                home.heartbeat(peer_id, now + expires_in, expires_in)
+                home.heartbeat(peer_id, now, expires_in)
                 return None
             case ReleasePeer(peer_id, number):
                 return home.release_peer(peer_id, number, now)
             case IsAcquired(peer_id):
                 return home.peers.is_acquired(peer_id)
             case Restore(peer_id, expires_in, acquired, number):
-                home.restore(peer_id, acquired, now + expires_in, expires_in, number, now)
+                home.restore(peer_id, acquired, expires_in, number, now)
                 return None
         raise TypeError(f"not a semaphore operation: {op!r}")
 

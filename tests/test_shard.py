@@ -18,7 +18,7 @@ from sluicegate.cluster.semaphore_ops import (
     ReleasePeer,
     Remainder,
 )
-from sluicegate.cluster.slots import slot_of
+from sluicegate.cluster.slots import STRETCH, slot_of
 
 from .shards import LEASE, Shards
 
@@ -249,3 +249,15 @@ def test_peers_due_together_expire_a_chunk_a_step_and_one_named_first():
     assert cluster.call(Remainder("B")).result == 3
     cluster.run(0.2)
     assert shard.home.peers.peer_ids() == []
+
+
+def test_a_peer_lives_its_expiry_stretched_for_clock_drift_at_its_home():
+    """The client counts its lease on its own clock, which may run slower than its home's (by
+    up to DRIFT, the home's faster): a home keeps a peer STRETCH times its expires_in."""
+    cluster = Shards(CONFIG, NODES)
+    peer = new_peer(cluster, expires_in=5.0)
+    assert granted(cluster.call(Acquire(peer, "A", 1)))
+    cluster.run(5.1)  # past 5 s, within 5 s x STRETCH
+    assert cluster.call(IsAcquired(peer)).result is True
+    cluster.run(5.0 * STRETCH - 5.1 + 0.05)
+    assert isinstance(cluster.call(IsAcquired(peer)).error, UnknownPeer)
