@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import socket
 import time
 from contextlib import AsyncExitStack
@@ -330,6 +331,42 @@ async def _park_and_leave(url: str, node, connections: int, waits: int) -> None:
             while gauge(node, "sluicegate_acquires_waiting") < parked:
                 await trio.sleep(0.05)
     # (leaving the stack closed every connection)
+
+
+def test_the_next_peer_id_cannot_be_predicted_from_those_seen(tmp_path):
+    """A Mersenne Twister's whole state is 624 outputs of 32 bits: 312 peer ids of 64. Ids from
+    `random.Random` let a client that saw 312 predict the next; the node's must not."""
+    config = CONFIG + "[limits]\npeers_per_connection = 400\n"
+    with NodeProcess(config, workdir=tmp_path) as node:
+        frame = [{"id": i, "op": "new_peer", "expires_in": 60} for i in range(313)]
+        answers = sorted(ws_session(node, [frame]), key=lambda answer: answer["id"])
+        ids = [answer["ok"] for answer in answers]
+        assert next_mersenne_id(ids[:312]) != ids[312]
+        bystander(node)
+    rng = random.Random(16)  # the attack works where it should
+    seen = [rng.getrandbits(64) for _ in range(313)]
+    assert next_mersenne_id(seen[:312]) == seen[312]
+
+
+def next_mersenne_id(ids: list[int]) -> int:
+    """The id a Mersenne Twister that gave these 312 ids (getrandbits(64)) gives next."""
+
+    def untemper(y: int) -> int:
+        y ^= y >> 18
+        y ^= (y << 15) & 0xEFC60000
+        x = y
+        for _ in range(5):
+            x = y ^ ((x << 7) & 0x9D2C5680)
+        y = x & 0xFFFFFFFF
+        x = y
+        for _ in range(3):
+            x = y ^ (x >> 11)
+        return x & 0xFFFFFFFF
+
+    words = [word for peer_id in ids for word in (peer_id & 0xFFFFFFFF, peer_id >> 32)]
+    clone = random.Random()
+    clone.setstate((3, (*(untemper(word) for word in words), 624), None))
+    return clone.getrandbits(64)
 
 
 def test_rate_limit_keys_and_their_length_are_bounded(tmp_path):
