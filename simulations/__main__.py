@@ -216,6 +216,9 @@ def sweep(
             unserved.setdefault(kind, []).append((missed, back))
         if trace:
             print("\n".join(outcome.trace))
+        if outcome.violations and len(seeds) > 1:
+            # At once, on a line of its own: a long sweep's failures are worth a look early.
+            print(f"\r  seed {outcome.seed} failed: {outcome.violations[0]}", file=sys.stderr)
         failed = sum(1 for o in outcomes if o.violations)
         print(
             f"\r  {number}/{len(seeds)} seeds, {failed} failed, {time.monotonic() - started:.0f} s",
