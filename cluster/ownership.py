@@ -831,17 +831,9 @@ class Ownership:
             return
         if isinstance(answer, Refuse):
             if answer.lease_left > 0 and owned.phase == PREPARING:
-                # Another member's lease runs there. It resigns once a quorum tells it this
-                # node asked (and its ring agrees); else the lease ends within `lease_left`:
-                # ask again then.
                 owned.refused_by_lease.add(sender)
                 owned.lease_left = max(owned.lease_left, answer.lease_left)
-                if len((owned.refused_by_lease | owned.promises.keys()) & self._voters) >= (
-                    self._quorum
-                ):
-                    self._lose(slot, now, resigned=False)
-                    wait = min(owned.lease_left, self.lease / 4)
-                    self._retry_at[slot] = now + wait * self._rng.uniform(1.0, 1.1)
+                self._ask_again_after_leases(slot, owned, now)
             elif answer.promised > owned.ballot and owned.phase == PREPARING:
                 self._give_up(slot, now)
             # A refused write of a slot this node holds: it stays committed by the others of
@@ -850,6 +842,24 @@ class Ownership:
         if owned.phase == PREPARING:
             owned.promises[sender] = answer
             self._adopt_when_promised(slot, owned, now)
+            if owned.phase == PREPARING and self._owned.get(slot) is owned:
+                self._ask_again_after_leases(slot, owned, now)
+
+    def _ask_again_after_leases(self, slot: int, owned: _Owned, now: float) -> None:
+        """A quorum answered but too few promised, some because another member's lease runs
+        there: that member resigns once a quorum tells it this node asked (and its ring
+        agrees), else the lease ends within `lease_left`: ask again then, not a whole lease
+        later. Checked whichever answer comes last: with acceptors' clocks at different rates,
+        one lease ends before another, and a promise can follow a refusal (seed 567534553
+        with skew: a slot waited two seconds, and a heartbeated lease ran out)."""
+        answered = (owned.refused_by_lease | owned.promises.keys()) & self._voters
+        if not owned.refused_by_lease or len(answered) < self._quorum:
+            return
+        if len(owned.promises.keys() & self._voters) >= self._quorum:
+            return
+        self._lose(slot, now, resigned=False)
+        wait = min(owned.lease_left, self.lease / 4)
+        self._retry_at[slot] = now + wait * self._rng.uniform(1.0, 1.1)
 
     def _adopt_when_promised(self, slot: int, owned: _Owned, now: float) -> None:
         promises = owned.promises

@@ -222,6 +222,21 @@ def test_an_acceptor_refuses_a_ballot_while_it_leases_the_slot_to_another_member
     assert core.outbox()[0][1].promised == Ballot(5, 2, "n3")
 
 
+def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
+    """Its own acceptor refused for n1's lease, which ends in 0.1 s; n2, its clock ahead,
+    promised: the preparer asks again within a quarter lease, not after a whole one."""
+    core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n3": 1}, {"n1", "n2", "n3"}, 0.0)  # alone: it prepares nothing
+    core.receive("n1", Prepare(3, Ballot(5, 1, "n1")), 0.0)  # leased to n1 until 1.0
+    core._prepare(3, 0.9)
+    core._drain(0.9)  # refused by its own acceptor: one answer of a quorum of two
+    ballot = core._owned[3].ballot
+    core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.95)
+    assert 3 not in core._owned  # no quorum of promises among those who answered
+    assert core._retry_at[3] <= 0.95 + 0.1 * 1.1
+
+
 def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
     copy = SlotCopy()
     ballot = Ballot(1, 1, "n1")
