@@ -43,8 +43,9 @@ from .lock_messages import (
     OwnerToHome,
 )
 from .peers import EXPIRE_CHUNK, AskOwner, PeerRecord, PeerTable
+from .ring import peer_key
 from .semaphore_leases import SemaphoreConfig
-from .slots import STRETCH
+from .slots import STRETCH, slot_of
 
 # A home sends a lock to its owner again if no answer came this long after it sent it...
 RETRY_INTERVAL = 1.0
@@ -90,6 +91,10 @@ class Confirmed:
 Event = Granted | Queued | Removed | Confirmed
 
 
+def _slot_of_peer(peer_id: int) -> int:
+    return slot_of(peer_key(peer_id))
+
+
 class Home:
     def __init__(
         self,
@@ -97,7 +102,12 @@ class Home:
         owner_of: Callable[[str], str | None],
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
-        self.peers = PeerTable(semaphores, limits.peers, limits.restore_count)
+        self.peers = PeerTable(
+            semaphores,
+            limits.peers,
+            limits.restore_count,
+            lambda peer_id: slot_of(peer_key(peer_id)),
+        )
         self._owner_of = owner_of
         # Locks to tell their owners about again: (peer, semaphore) -> when.
         self._due: dict[tuple[int, str], float] = {}
@@ -127,9 +137,9 @@ class Home:
                 if waiting:
                     self._tell_owner(peer_id, name, now)
 
-    def lose(self, chosen: Callable[[int], bool]) -> list[int]:
-        """Serve the peers `chosen` picks no more; their ids."""
-        gone = self.peers.drop(chosen)
+    def lose(self, slot: int) -> list[int]:
+        """Serve the peers of `slot` no more; their ids."""
+        gone = self.peers.drop(slot)
         for peer_id in gone:
             self._deciding.pop(peer_id, None)
             self._dirty.discard(peer_id)

@@ -125,14 +125,18 @@ class PeerTable:
         semaphores: Mapping[str, SemaphoreConfig],
         most: int = 100_000,
         restore_count: int = 1_000_000,
+        group_of: Callable[[int], int] | None = None,
     ) -> None:
         """`most`: the most peers `new_peer` and `restore` bring the table to (peers a slot
         brings along when this node takes it over are never refused); `restore_count`: the
-        largest count a restore may claim for one lock."""
+        largest count a restore may claim for one lock; `group_of`: a peer id's group (a
+        cluster home's: its slot), to drop a group's peers without looking at the others."""
         self._config = dict(semaphores)
         self._most = most
         self._restore_count = restore_count
         self._peers: dict[int, _Peer] = {}
+        self._group_of = group_of
+        self._groups: dict[int, set[int]] = {}
         # (expires_at, peer_id); an entry is stale once the peer is gone or its expiry moved.
         self._expiry: list[tuple[float, int]] = []
 
@@ -172,7 +176,7 @@ class PeerTable:
     def remove(self, peer_id: int) -> list[tuple[str, int]] | None:
         """Delete a peer; its locks (semaphore, ticket) its owners must release, or None if it
         was not there."""
-        peer = self._peers.pop(peer_id, None)
+        peer = self._pop(peer_id)
         return _locks(peer) if peer is not None else None
 
     def is_acquired(self, peer_id: int) -> bool:
@@ -386,9 +390,9 @@ class PeerTable:
             loaded.append(record.peer_id)
         return loaded
 
-    def drop(self, chosen: Callable[[int], bool]) -> list[int]:
-        """Forget the peers `chosen` picks (their slot is another node's now); their ids."""
-        gone = [peer_id for peer_id in self._peers if chosen(peer_id)]
+    def drop(self, group: int) -> list[int]:
+        """Forget the peers of `group` (their slot is another node's now); their ids."""
+        gone = list(self._groups.pop(group, ()))
         for peer_id in gone:
             del self._peers[peer_id]
         return gone
@@ -418,7 +422,7 @@ class PeerTable:
             if spared(entry[1]):
                 later.append(entry)
                 continue
-            expired.append((entry[1], _locks(self._peers.pop(entry[1]))))
+            expired.append((entry[1], _locks(self._pop(entry[1]))))
         for entry in later:
             heapq.heappush(self._expiry, entry)
         return expired
@@ -429,10 +433,20 @@ class PeerTable:
         peer = self._peers.get(peer_id)
         if peer is None or peer.expires_at > now:
             return None
-        del self._peers[peer_id]  # its entry in the expiry heap is stale now
+        self._pop(peer_id)  # its entry in the expiry heap is stale now
         return _locks(peer)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _pop(self, peer_id: int) -> _Peer | None:
+        peer = self._peers.pop(peer_id, None)
+        if peer is not None and self._group_of is not None:
+            key = self._group_of(peer_id)
+            group = self._groups[key]
+            group.discard(peer_id)
+            if not group:
+                del self._groups[key]
+        return peer
 
     def _make_room(self) -> None:
         if len(self._peers) >= self._most:
@@ -445,6 +459,8 @@ class PeerTable:
         return peer
 
     def _add(self, peer_id: int, peer: _Peer) -> None:
+        if self._group_of is not None and peer_id not in self._peers:
+            self._groups.setdefault(self._group_of(peer_id), set()).add(peer_id)
         self._peers[peer_id] = peer
         heapq.heappush(self._expiry, (peer.expires_at, peer_id))
 

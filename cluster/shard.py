@@ -404,7 +404,7 @@ class Shard:
                 self._changes.append(SlotGained(event.slot, event.previous, event.cold))
             elif isinstance(event, Lost):
                 slot = event.slot
-                gone = self.home.lose(lambda peer_id, slot=slot: slot_of(peer_key(peer_id)) == slot)
+                gone = self.home.lose(slot)
                 for peer_id in gone:
                     for request in self._parked.take_peer(peer_id):
                         self._reply(peer_id, Answer(request.request_id, NOT_YET))
