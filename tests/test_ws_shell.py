@@ -15,7 +15,7 @@ from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
 from sluicegate.node.semaphore_service import LocalSemaphores
-from sluicegate.node.ws_shell import HELLO_TIMEOUT, IDLE_TIMEOUT, WsConnection
+from sluicegate.node.ws_shell import FRAME_STEP, HELLO_TIMEOUT, IDLE_TIMEOUT, WsConnection
 
 
 class FakeWebSocket:
@@ -103,3 +103,29 @@ async def test_a_waiting_acquire_keeps_the_connection_open(autojump_clock, serve
     assert late == {"id": 4, "ok": {"acquired": False}}
     assert trio.current_time() - started == pytest.approx(100)
     assert not done.is_set()
+
+
+async def test_a_big_frame_is_handled_a_step_at_a_time(autojump_clock, nursery):
+    """A frame of 1,000 new peers reaches the node's actor in steps of at most `FRAME_STEP`,
+    with other tasks let in between: in one step it held the whole node up."""
+    actor = SemaphoreActor(SemaphoreCore({"A": SemaphoreConfig(1)}), rng=random.Random(1))
+    await nursery.start(actor.run)
+    steps: list[int] = []
+
+    class Recorded(LocalSemaphores):
+        def submit(self, requests, owner=None):
+            steps.append(len(requests))
+            super().submit(requests, owner)
+
+    ws = FakeWebSocket()
+    connection = WsConnection(ws, Recorded(actor), RateLimitService(RateLimits({})), "n1")
+    nursery.start_soon(connection.run)
+    await hello(ws)
+    frame = [{"id": i, "op": "new_peer", "expires_in": 60} for i in range(1000)]
+    await ws.to_server_send.send(msgpack.packb(frame))
+    answers: list[dict] = []
+    while len(answers) < 1000:
+        answers.extend(msgpack.unpackb(await ws.from_server.receive()))
+    assert all("ok" in answer for answer in answers)
+    assert sum(steps) == 1000 and max(steps) <= FRAME_STEP and len(steps) > 1
+    actor.close()
