@@ -4,9 +4,10 @@
   half-sent request line (`GET /`) open: target at least 0.8x;
 * the node's RSS while a /ws client sends waits and never reads its answers for 15 s, against
   its RSS at rest: target at most +100 MB;
-* the longest `GET /health` while 100,000 peers expire at once, and while four clients keep
-  asking `GET /peers/` of them, on a single node and on a cluster node (target: no stall over
-  50 ms).
+* while a client makes 100,000 peers in frames of 5,000 and they expire together, and while
+  four clients keep asking `GET /peers/` of them, on a single node and on a cluster node: the
+  slowest `GET /health`, and the stalls of the node's own loop over 50 ms as it logs them
+  (node/stall_watch.py; target: none).
 
     python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000]
 
@@ -16,6 +17,7 @@ Starts its own node processes on free loopback ports; every attack stops by itse
 from __future__ import annotations
 
 import argparse
+import re
 import socket
 import sys
 import time
@@ -35,6 +37,7 @@ CONFIG = (
     '[rate_limits]\napi = { algorithm = "gcra", burst = 1000000000, rate = 1e9 }\n'
 )
 IDLE_SOCKETS = 300
+STALL_LINE = re.compile(r"loop stalled (\d+) times for over \d+ ms, the longest (\d+) ms")
 PEERS = 8
 
 
@@ -91,9 +94,20 @@ async def make_peers(url: str, peers: int, expires_in: float) -> None:
                 answered += len(msgpack.unpackb(await ws.get_message(), strict_map_key=False))
 
 
-def longest_health_during_expiry(peers: int, cluster: bool) -> float:
-    """Seconds of the slowest `GET /health` while `peers` peers expire together, on a single
-    node or on a cluster node (a cluster of one: the same shard, home and writes as in three)."""
+def stalls_of(node: NodeProcess) -> tuple[int, float]:
+    """The node's loop stalls over 50 ms, as it logged them (node/stall_watch.py): how many,
+    and the longest in ms. After `node.stop()`, which logs the last of them."""
+    count, longest = 0, 0.0
+    for times, ms in STALL_LINE.findall(node.log()):
+        count, longest = count + int(times), max(longest, float(ms))
+    return count, longest
+
+
+def during_expiry(peers: int, cluster: bool) -> tuple[float, int, float]:
+    """Make `peers` peers in frames of 5,000, and let them expire together, on a single node or
+    on a cluster node (a cluster of one: the same shard, home and writes as in three): the
+    slowest `GET /health` while they expire (s), and the node's stalls meanwhile and while they
+    were made (`stalls_of`)."""
     config = CONFIG + f"[limits]\npeers = {peers}\npeers_per_connection = {peers}\n"
     args, env = node_kind(cluster)
     if cluster:
@@ -108,14 +122,14 @@ def longest_health_during_expiry(peers: int, cluster: bool) -> float:
             urllib.request.urlopen(f"{node.url}/health", timeout=30).read()
             longest = max(longest, time.monotonic() - started)
             time.sleep(0.005)
-    return longest
+        node.stop()
+    return (longest, *stalls_of(node))
 
 
-def longest_health_while_listing(
-    peers: int, cluster: bool, listers: int = 4
-) -> tuple[float, float]:
+def while_listing(peers: int, cluster: bool, listers: int = 4) -> tuple[float, float, int, float]:
     """Seconds of the slowest `GET /health` while `listers` clients keep asking `GET /peers/`
-    of `peers` peers, for 5 s; and of the slowest `GET /peers/`."""
+    of `peers` peers, for 5 s; of the slowest `GET /peers/`; and the node's stalls while the
+    peers were made and listed (`stalls_of`)."""
     config = CONFIG + f"[limits]\npeers = {peers}\npeers_per_connection = {peers}\n"
     args, env = node_kind(cluster)
     with NodeProcess(
@@ -144,7 +158,8 @@ def longest_health_while_listing(
                     await trio.sleep(0.005)
 
         trio.run(run)
-    return slowest["health"], slowest["list"]
+        node.stop()
+    return (slowest["health"], slowest["list"], *stalls_of(node))
 
 
 def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
@@ -184,16 +199,26 @@ def main() -> None:
         f"{sent} frames of 1,000 waits sent before the node stopped reading"
     )
 
-    print(f"\n{args.peers} peers expiring together: the slowest GET /health (target: 50 ms)")
+    print(
+        f"\n{args.peers} peers made in frames of 5,000, then expiring together (target: no "
+        "stall over 50 ms)"
+    )
+    print(f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}")
     for name, cluster in (("single node", False), ("cluster node", True)):
-        longest = longest_health_during_expiry(args.peers, cluster)
-        print(f"{name:<32}  {longest * 1000:>6.0f} ms")
+        health, stalls, longest = during_expiry(args.peers, cluster)
+        print(f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms")
 
-    print(f"\n{args.peers} peers, four clients asking GET /peers/ for 5 s (target: 50 ms)")
-    print(f"{'':<32}  {'slowest /health':>15}  {'slowest /peers/':>15}")
+    print(f"\n{args.peers} peers made, then four clients asking GET /peers/ for 5 s")
+    print(
+        f"{'':<14}  {'slowest /health':>15}  {'slowest /peers/':>15}  {'stalls > 50 ms':>14}  "
+        f"{'longest stall':>13}"
+    )
     for name, cluster in (("single node", False), ("cluster node", True)):
-        health, listing = longest_health_while_listing(args.peers, cluster)
-        print(f"{name:<32}  {health * 1000:>12.0f} ms  {listing * 1000:>12.0f} ms")
+        health, listing, stalls, longest = while_listing(args.peers, cluster)
+        print(
+            f"{name:<14}  {health * 1000:>12.0f} ms  {listing * 1000:>12.0f} ms  {stalls:>14}  "
+            f"{longest:>10.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
 from .semaphore_service import ClusterSemaphores, LocalSemaphores, epoch_now
 from .shard_actor import ShardActor
+from .stall_watch import watch_stalls
 from .wire import MAX_FRAME
 
 log = logging.getLogger("sluicegate.node")
@@ -128,6 +129,7 @@ async def run_node(
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
+        await nursery.start(watch_stalls)
         await nursery.start(actor.run)
         await nursery.start(rate_limits.run)
         async with trio.open_nursery() as http:
