@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning(message)
     bind_error = None
     # What is loaded by now lives as long as the process: keep it out of the garbage collector's
-    # full collections, whose pauses grow with every object they look at (about a quarter less
-    # with 100,000 peers).
+    # full collections, whose pauses grow with every object they look at.
     gc.freeze()
     try:
         trio.run(run_node, config, args.address, args.port)
