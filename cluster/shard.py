@@ -365,6 +365,7 @@ class Shard:
             if self.serves_peer(message.peer_id, now):
                 self.home.receive(sender, message, now)
         else:
+            self._hold(now)
             self.ownership.receive(sender, message, now)
 
     # -- the step: apply, write, hold back, release ----------------------------------------
@@ -372,6 +373,7 @@ class Shard:
     def _begin(self, now: float) -> None:
         self._now = now
         if self.ownership.due(now):
+            self._hold(now)
             self.ownership.tick(now)
         self._slot_events(now)
 
@@ -382,16 +384,24 @@ class Shard:
         self.home.expire(now)
         while True:
             self._slot_events(now)
-            self._home_events(now)
-            for member, message in [*self.home.outbox(), *self.owner.outbox()]:
-                self._send(member, message)
-            self._write(now)
+            self._hold(now)
             self._release()
             if not self._local:
                 return
             local, self._local = self._local, []
             for message in local:
                 self._handle(self.me, message, now)
+
+    def _hold(self, now: float) -> None:
+        """What the homes and owners changed becomes writes, and what it caused (answers,
+        messages) is held behind them. Before anything that may end this node's acting for a
+        slot, too: a slot resigned or lost with a change not written yet would let what the
+        change caused go out with no write to hold it back, and the next owner, which never
+        heard of the change, would make it again (a grant and its token: seed 973444241)."""
+        self._home_events(now)
+        for member, message in [*self.home.outbox(), *self.owner.outbox()]:
+            self._send(member, message)
+        self._write(now)
 
     def _slot_events(self, now: float) -> None:
         for event in self.ownership.events():

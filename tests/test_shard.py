@@ -4,7 +4,7 @@ tests/shards.py: the home and owner rules on top of slot ownership, without trio
 from __future__ import annotations
 
 from sluicegate.cluster.errors import NotServing, StaleOperation, UnknownPeer
-from sluicegate.cluster.lock_messages import LockRestore
+from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRestore
 from sluicegate.cluster.peers import EXPIRE_CHUNK
 from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import SemaphoreConfig
@@ -110,8 +110,6 @@ def test_a_release_that_waited_on_a_clogged_link_cannot_drop_a_newer_lock():
     assert granted(cluster.call(Acquire(peer, "A", 1)))  # a newer lock, a newer ticket
     # The old release, sent again by nobody, or late: the owner compares tickets.
     stale = cluster.nodes[home].home.peers.ticket(peer, "A") - 1
-    from sluicegate.cluster.lock_messages import LockRelease
-
     cluster.nodes[owner_a].receive(home, LockRelease(peer, "A", stale, False), cluster.now)
     cluster.nodes[owner_a].flush(cluster.now)
     cluster.settle()
@@ -261,3 +259,21 @@ def test_a_peer_lives_its_expiry_stretched_for_clock_drift_at_its_home():
     assert cluster.call(IsAcquired(peer)).result is True
     cluster.run(5.0 * STRETCH - 5.1 + 0.05)
     assert isinstance(cluster.call(IsAcquired(peer)).error, UnknownPeer)
+
+
+def test_a_change_not_written_yet_is_written_before_its_slot_can_be_lost():
+    """A release reaches the owner, which grants the next waiter; before that change is written
+    (a frame's messages are written together), the owner's lease runs out. The grant must not
+    go out with no write behind it: the next owner would grant the lock, and its token, again."""
+    cluster = Shards(CONFIG, NODES)
+    owner_a = owner(cluster, "A")
+    homes = [n for n in NODES if n != owner_a]
+    holder, waiter = new_peer(cluster, home=homes[0]), new_peer(cluster, home=homes[1])
+    assert granted(cluster.call(Acquire(holder, "A", 1)))
+    assert cluster.call(Acquire(waiter, "A", 1)).result == AcquireOutcome(False)
+    shard = cluster.nodes[owner_a]
+    ticket = cluster.nodes[homes[0]].home.peers.ticket(holder, "A")
+    shard.receive(homes[0], LockRelease(holder, "A", ticket, True), cluster.now)
+    shard.tick(cluster.now + 2 * LEASE)  # no renewal ran: the lease is over
+    sent = [message for _, message in shard.outbox()]
+    assert not any(isinstance(m, LockAnswer) and m.peer_id == waiter for m in sent), sent
