@@ -1,4 +1,5 @@
-"""`sluicegate-node -c FILE --address A --port P`, Throttle's command line."""
+"""`sluicegate-node -c FILE --address A --port P`, Throttle's command line, and a flag and an
+environment variable for every setting of the file (`node/settings.py`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import gc
 import logging
 import os
 import sys
-from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
 
 import trio
 
-from .config import ConfigError, NodeConfig, load_config
-from .logs import choose_level, setup_logging
+from .config import ConfigError, NodeConfig, load_config, parse_section
+from .logs import choose_level, clip, setup_logging
 from .server import run_node
+from .settings import add_flags, apply, given
 
 log = logging.getLogger("sluicegate.node")
 
@@ -22,51 +24,59 @@ log = logging.getLogger("sluicegate.node")
 SHORTEST_SECRET = 16
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="sluicegate-node",
+        allow_abbrev=False,
         description="A sluicegate node: semaphores for distributed systems, Throttle's HTTP API.",
     )
     parser.add_argument(
         "-c",
         "--configuration",
         type=Path,
-        default=None,
+        default=environ.get("SLUICEGATE_CONFIGURATION") or None,
         help="TOML configuration file (default: throttle.toml in the working directory, "
-        "if present)",
+        "if present); SLUICEGATE_CONFIGURATION",
     )
     parser.add_argument(
-        "--address", default="127.0.0.1", help="address to bind (default: %(default)s)"
+        "--address",
+        default=environ.get("SLUICEGATE_ADDRESS") or "127.0.0.1",
+        help="address to bind (default: 127.0.0.1); SLUICEGATE_ADDRESS",
     )
     parser.add_argument(
         "--port",
-        type=int,
-        default=8000,
-        help="port to bind, 0 for any free one (default: %(default)s)",
+        default=environ.get("SLUICEGATE_PORT") or "8000",
+        help="port to bind, 0 for any free one (default: 8000); SLUICEGATE_PORT",
     )
     parser.add_argument(
-        "--node-id",
-        help="this node's id in the cluster (default: [cluster] node_id, else ADDRESS:PORT)",
+        "--log-level",
+        metavar="LEVEL",
+        help="ERROR, WARN, INFO, DEBUG or TRACE (default: [logging.stderr] level, else WARN); "
+        "SLUICEGATE_LOG, then THROTTLE_LOG",
     )
-    parser.add_argument(
-        "--join",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="address of another node to join through; repeat or separate with commas",
-    )
+    add_flags(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, os.environ)
     try:
+        port = _port(args.port)
         config, notice = load_config(args.configuration)
-        config = with_cluster_flags(config, args)
+        chosen = given(args, os.environ)
+        config = apply(config, chosen)
+        if chosen:
+            notice = None  # no file, but flags or variables: not an empty configuration
+        check_cluster(config, args.address)
+        flag_level = (
+            parse_section("logging", {"stderr": {"level": args.log_level}}, "--log-level")
+            if args.log_level
+            else None
+        )
     except ConfigError as error:
         print(f"sluicegate-node: {error}", file=sys.stderr)
         return 2
-    level, complaint = choose_level(config.log_level)
+    level, complaint = choose_level(config.log_level, flag_level)
     setup_logging(level)
     for message in (notice, complaint):
         if message:
@@ -76,28 +86,29 @@ def main(argv: list[str] | None = None) -> int:
     # full collections, whose pauses grow with every object they look at.
     gc.freeze()
     try:
-        trio.run(run_node, config, args.address, args.port)
+        trio.run(run_node, config, args.address, port)
     except* OSError as group:
         bind_error = group.exceptions[0]
     if bind_error is not None:
-        log.error("Cannot serve on %s:%s: %s", args.address, args.port, bind_error)
+        log.error("Cannot serve on %s:%s: %s", args.address, port, bind_error)
         return 1
     return 0
 
 
-def with_cluster_flags(config: NodeConfig, args: argparse.Namespace) -> NodeConfig:
-    """Command-line cluster settings win over the file's; a cluster needs a secret."""
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) > 65535:
+        raise ConfigError(f"--port or SLUICEGATE_PORT: not a port number: {clip(text, 40)!r}")
+    return int(text)
+
+
+def check_cluster(config: NodeConfig, address: str) -> None:
+    """A cluster needs a secret long enough, and an address the other nodes can dial."""
     cluster = config.cluster
-    join = [address.strip() for flag in args.join for address in flag.split(",") if address.strip()]
-    if join:
-        cluster = replace(cluster, join=tuple(join))
-    if args.node_id:
-        cluster = replace(cluster, node_id=args.node_id)
-    secret = os.environ.get("SLUICEGATE_CLUSTER_SECRET") or cluster.secret
-    cluster = replace(cluster, secret=secret)
+    secret = cluster.secret
     if (cluster.join or cluster.node_id) and not secret:
         raise ConfigError(
-            "a cluster needs a shared secret: set [cluster] secret or SLUICEGATE_CLUSTER_SECRET"
+            "a cluster needs a shared secret: set SLUICEGATE_CLUSTER_SECRET, --secret-file or "
+            "[cluster] secret"
         )
     if secret and len(secret.encode()) < SHORTEST_SECRET:
         raise ConfigError(
@@ -105,9 +116,8 @@ def with_cluster_flags(config: NodeConfig, args: argparse.Namespace) -> NodeConf
             f"{len(secret.encode())}: python3 -c 'import secrets; print(secrets.token_hex(16))' "
             "makes one"
         )
-    if secret and not cluster.advertise and args.address in ("0.0.0.0", "::", ""):
+    if secret and not cluster.advertise and address in ("0.0.0.0", "::", ""):
         raise ConfigError(
-            f'other nodes cannot dial {args.address!r}: set [cluster] advertise = "HOST:PORT" '
-            "to the address they reach this node at"
+            f"other nodes cannot dial {address!r}: set --advertise HOST:PORT (or "
+            '[cluster] advertise = "HOST:PORT") to the address they reach this node at'
         )
-    return replace(config, cluster=cluster)

@@ -11,6 +11,7 @@ level = "WARN"
 
 Unknown keys and sections are ignored, so Throttle configuration files with keys we do not know
 load. Our own sections are checked strictly: a mistake there is refused at start, naming the key.
+Every setting is also a flag and an environment variable (`node/settings.py`).
 
 Rate limits, each `algorithm` with its two settings, and `mode` "exact" (the default: the key's
 owner decides, no overshoot) or "gossip" (the node asked decides at once; see docs/rate_limits.md):
@@ -30,7 +31,7 @@ Our own section, for running several nodes as one cluster:
 [cluster]
 node_id = "n1"                    # default: ADDRESS:PORT of this node
 join = ["10.0.0.2:8000"]          # seed addresses (host:port) of other nodes
-secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_SECRET
+secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_SECRET(_FILE)
 advertise = "10.0.0.1:8000"       # where other nodes reach this one (default: the bound address)
 down_after = "3s"                 # a member silent this long is down
 gossip_interval = "500ms"
@@ -118,6 +119,12 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
         cluster=_cluster(doc.get("cluster", {}), source),
         limits=_limits(doc.get("limits", {}), source),
     )
+
+
+def parse_section(name: str, table: object, source: str) -> object:
+    """One section of the file (`semaphores`, `rate_limits`, `logging`, `cluster`, `limits`)
+    checked by the file's rules: what `parse_config` makes of it."""
+    return _SECTIONS[name](table, source)
 
 
 def load_config(path: Path | None) -> tuple[NodeConfig, str | None]:
@@ -294,3 +301,12 @@ def _duration(
     if seconds <= 0 and not (zero_ok and seconds == 0):
         raise ConfigError(f"{source}: {prefix}.{key} must be longer than zero")
     return seconds
+
+
+_SECTIONS = {
+    "semaphores": _semaphores,
+    "rate_limits": _rate_limits,
+    "logging": _log_level,
+    "cluster": _cluster,
+    "limits": _limits,
+}

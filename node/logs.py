@@ -1,6 +1,7 @@
 """Logging to stderr, at the level Throttle users already set.
 
-Precedence: `SLUICEGATE_LOG`, then `THROTTLE_LOG`, then `[logging.stderr] level`, then WARN.
+Precedence: `--log-level`, then `SLUICEGATE_LOG`, then `THROTTLE_LOG`, then `[logging.stderr]
+level`, then WARN.
 Values: ERROR, WARN, INFO, DEBUG, TRACE (case-insensitive).
 """
 
@@ -23,8 +24,10 @@ _LEVELS = {
 }
 
 
-def choose_level(config_level: str | None) -> tuple[int, str | None]:
+def choose_level(config_level: str | None, flag_level: str | None = None) -> tuple[int, str | None]:
     """The level to log at, and a complaint if an environment variable held nonsense."""
+    if flag_level is not None:
+        return _LEVELS[flag_level], None
     for variable in ("SLUICEGATE_LOG", "THROTTLE_LOG"):
         value = os.environ.get(variable)
         if value:

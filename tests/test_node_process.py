@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -112,15 +113,16 @@ def test_port_in_use_exits_1(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env", "config_level", "expect_info"),
+    ("env", "config_level", "flags", "expect_info"),
     [
-        ({}, None, False),
-        ({}, "INFO", True),
-        ({"THROTTLE_LOG": "INFO"}, "ERROR", True),
-        ({"THROTTLE_LOG": "INFO", "SLUICEGATE_LOG": "ERROR"}, None, False),
+        ({}, None, [], False),
+        ({}, "INFO", [], True),
+        ({"THROTTLE_LOG": "INFO"}, "ERROR", [], True),
+        ({"THROTTLE_LOG": "INFO", "SLUICEGATE_LOG": "ERROR"}, None, [], False),
+        ({"SLUICEGATE_LOG": "ERROR"}, "ERROR", ["--log-level", "info"], True),
     ],
 )
-def test_log_level_precedence(tmp_path, env, config_level, expect_info):
+def test_log_level_precedence(tmp_path, env, config_level, flags, expect_info):
     config = "[semaphores]\nA = 1\n"
     if config_level:
         config += f'[logging.stderr]\nlevel = "{config_level}"\n'
@@ -129,7 +131,7 @@ def test_log_level_precedence(tmp_path, env, config_level, expect_info):
     clean_env = {k: v for k, v in os.environ.items() if k not in ("THROTTLE_LOG", "SLUICEGATE_LOG")}
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate.node", "-c", str(path), "--port", str(port)],
+        [sys.executable, "-m", "sluicegate.node", "-c", str(path), "--port", str(port), *flags],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
@@ -229,3 +231,51 @@ def test_a_cluster_secret_shorter_than_16_bytes_exits_2(tmp_path):
     )
     assert result.returncode == 2
     assert "the cluster secret must be 16 bytes or longer, not 5" in result.stderr
+
+
+def test_a_node_configured_by_environment_variables_alone(tmp_path):
+    """No file: semaphores, a limit, the port and the log level from the environment, one
+    limit overridden by its flag."""
+    port = free_port()
+    env = dict(
+        os.environ,
+        SLUICEGATE_SEMAPHORES="A = 2, B = { max = 1, level = 1 }",
+        SLUICEGATE_LIMITS_PEERS="1",
+        SLUICEGATE_LIMITS_LONGEST_EXPIRES_IN="1m",
+        SLUICEGATE_PORT=str(port),
+        SLUICEGATE_LOG="INFO",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sluicegate.node", "--limits-peers", "2"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=20)
+        with urllib.request.urlopen(f"{url}/remainder?semaphore=B", timeout=5) as answer:
+            assert answer.read() == b"1"
+        peers = [_post(f"{url}/new_peer", b'{"expires_in": "30s"}') for _ in range(2)]
+        assert all(status == 200 for status, _ in peers)
+        status, body = _post(f"{url}/new_peer", b'{"expires_in": "30s"}')
+        assert (status, "[limits] peers" in body) == (429, True)
+        status, body = _post(f"{url}/new_peer", b'{"expires_in": "2m"}')
+        assert (status, "longest_expires_in" in body) == (400, True)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert "No configuration file" not in stderr
+
+
+def _post(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
