@@ -14,7 +14,7 @@ from pathlib import Path
 import trio
 
 from .config import ConfigError, NodeConfig, load_config, parse_section
-from .logs import choose_level, clip, setup_logging
+from .logs import FORMATS, choose_level, clip, setup_logging
 from .server import run_node
 from .settings import add_flags, apply, given
 
@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.N
         help="ERROR, WARN, INFO, DEBUG or TRACE (default: [logging.stderr] level, else WARN); "
         "SLUICEGATE_LOG, then THROTTLE_LOG",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=environ.get("SLUICEGATE_LOG_FORMAT") or "text",
+        help="text, or json: an object a line (default: text); SLUICEGATE_LOG_FORMAT",
+    )
     add_flags(parser)
     return parser.parse_args(argv)
 
@@ -62,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, os.environ)
     try:
         port = _port(args.port)
+        if args.log_format not in FORMATS:
+            raise ConfigError(
+                f"SLUICEGATE_LOG_FORMAT: text or json, not {clip(args.log_format, 40)!r}"
+            )
         config, notice = load_config(args.configuration)
         chosen = given(args, os.environ)
         config = apply(config, chosen)
@@ -77,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sluicegate-node: {error}", file=sys.stderr)
         return 2
     level, complaint = choose_level(config.log_level, flag_level)
-    setup_logging(level)
+    setup_logging(level, args.log_format)
     for message in (notice, complaint):
         if message:
             log.warning(message)

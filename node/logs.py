@@ -7,9 +7,11 @@ Values: ERROR, WARN, INFO, DEBUG, TRACE (case-insensitive).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from datetime import UTC, datetime
 
 TRACE = 5
 # The most characters of one argument of a log line: many are chosen by clients or other nodes.
@@ -40,17 +42,42 @@ def choose_level(config_level: str | None, flag_level: str | None = None) -> tup
     return _LEVELS[config_level or "WARN"], None
 
 
-def setup_logging(level: int) -> None:
+# Ways to write a log line: `--log-format`, `SLUICEGATE_LOG_FORMAT`.
+FORMATS = ("text", "json")
+
+
+def setup_logging(level: int, form: str = "text") -> None:
     logging.addLevelName(TRACE, "TRACE")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("[%(asctime)s %(levelname)-5s %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S")
-    )
+    if form == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(
+            logging.Formatter(
+                "[%(asctime)s %(levelname)-5s %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S"
+            )
+        )
     handler.addFilter(ClipArguments())
     root = logging.getLogger("sluicegate")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+class JsonLines(logging.Formatter):
+    """A JSON object a line, for log collectors: `time` (UTC, ISO 8601), `level`, `logger`,
+    `message`, and `exception` when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
 
 
 def clip(text: str, longest: int = LONGEST_ARGUMENT) -> str:

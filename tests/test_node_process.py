@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -279,3 +280,27 @@ def _post(url: str, body: bytes) -> tuple[int, str]:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+def test_json_log_lines(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sluicegate.node", "--port", "0", "--log-format", "json"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, SLUICEGATE_LOG="INFO", SLUICEGATE_SEMAPHORES="A = 1"),
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any("Listening on" in x for x in lines):
+            lines.append(process.stderr.readline())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=10)
+    records = [json.loads(line) for line in [*lines, *rest.splitlines()] if line.strip()]
+    listening = [r for r in records if r["message"].startswith("Listening on http://")]
+    assert listening and listening[0]["level"] == "INFO"
+    assert listening[0]["logger"].startswith("sluicegate")
+    assert listening[0]["time"].endswith("+00:00")
+    assert process.returncode == 0

@@ -147,6 +147,7 @@ def test_the_command_lines_own_settings_have_variables_too():
         (["--port", "http"], {}, "not a port number"),
         ([], {"SLUICEGATE_PORT": "70000"}, "not a port number"),
         (["--log-level", "LOUD"], {}, "--log-level: logging.stderr.level must be one of"),
+        ([], {"SLUICEGATE_LOG_FORMAT": "yaml"}, "SLUICEGATE_LOG_FORMAT: text or json"),
         (["--join", "a:1"], {}, "a cluster needs a shared secret"),
         (
             ["--address", "0.0.0.0", "--node-id", "n1"],
