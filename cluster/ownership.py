@@ -426,16 +426,23 @@ class Ownership:
         return self._ring_owners[slot]
 
     def actor_of(self, slot: int, now: float) -> str | None:
-        """Where to send what `slot` needs: this node if it acts for it; else the live member
-        this node last heard holds the slot's lease (as its acceptor, or refused for it), while
-        that lease runs; else the member the ring names (it is taking the slot, or will)."""
+        """Where to send what `slot` needs: this node if it acts for it; else, while the lease
+        this node's acceptor promised runs, its lessee, or the writer of a larger ballot the
+        acceptor accepted since (it won a quorum after that promise); else the lessee a refusal
+        named, while its lease runs; else the member the ring names (it is taking the slot, or
+        will). Never this node for a lease it heard of but does not act under: that is its own
+        prepare, which did not win (or whose lease it let go), and serving here would answer
+        503 while another member acts (docs/cluster.md, "Routing")."""
         if self.acting(slot, now):
             return self.me
         acceptor = self._acceptors[slot]
-        if acceptor.lessee in self._live and now < acceptor.lease_until:
-            return acceptor.lessee
+        if now < acceptor.lease_until:
+            written = acceptor.copy.accepted
+            lessee = written.member if written > acceptor.lease_ballot else acceptor.lessee
+            if lessee != self.me and lessee in self._live:
+                return lessee
         lessee, until = self._lessees.get(slot, (None, -math.inf))
-        if lessee in self._live and now < until:
+        if lessee != self.me and lessee in self._live and now < until:
             return lessee
         return self._ring_owners[slot]
 

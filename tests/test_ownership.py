@@ -369,6 +369,26 @@ def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
     assert core.actor_of(other, 1.0) == "n3"
 
 
+def test_a_node_does_not_serve_for_a_lease_its_own_acceptor_promised_it_in_vain():
+    core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3" and not core.acting(s, 0.0))
+    core.outbox()
+    # n3 asked for the slot and promised itself; n2 refused, for n1's lease.
+    core.receive("n3", Prepare(slot, Ballot(5, 4, "n3")), 0.5)
+    assert not core.acting(slot, 0.6)
+    assert core.actor_of(slot, 0.6) == "n3", "nobody else named yet: the ring"
+    core.receive("n2", Refuse(slot, Ballot(5, 4, "n3"), Ballot(5, 1, "n1"), 0.8, "n1"), 0.6)
+    assert core.actor_of(slot, 0.7) == "n1"
+    # n1 wins a larger ballot and writes: the writer, while n3's own promise runs.
+    other = next(s for s in range(SLOTS) if s != slot and core.owner_of(s) == "n3")
+    core.receive("n3", Prepare(other, Ballot(5, 4, "n3")), 0.5)
+    core.receive("n1", Accept(other, Ballot(5, 5, "n1"), 1, True, [record(5)], []), 0.6)
+    assert core.actor_of(other, 0.7) == "n1"
+    assert core.actor_of(other, 1.7) == "n3", "the promise ran out: the ring"
+
+
 def test_a_cluster_grows_from_one_member_one_at_a_time():
     model = Model(10, start=["n1"])
     model.run_until(4.0)
