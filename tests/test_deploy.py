@@ -1,0 +1,277 @@
+"""deploy/: the container image, compose, Kubernetes and systemd files say only what the node
+has, and what the image runs works as processes here (this machine cannot build images)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sluicegate.node.cli import parse_args
+from sluicegate.node.config import parse_config
+from sluicegate.node.settings import apply, given
+
+from .nodes import is_ready, wait_healthy, wait_until
+from .test_node_process import free_port
+
+pytestmark = pytest.mark.process
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(instruction, arguments) of deploy/Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]
+
+
+def final_stage() -> list[tuple[str, str]]:
+    instructions = dockerfile()
+    last_from = max(i for i, (name, _) in enumerate(instructions) if name == "FROM")
+    return instructions[last_from:]
+
+
+def image_env() -> dict[str, str]:
+    env = {}
+    for name, args in final_stage():
+        if name == "ENV":
+            for pair in shlex.split(args):
+                key, value = pair.split("=", 1)
+                env[key] = value
+    return env
+
+
+def exec_form(name: str) -> list[str]:
+    (args,) = [args for instruction, args in final_stage() if instruction == name]
+    if name == "HEALTHCHECK":
+        args = args[args.index("CMD") + len("CMD") :]
+    return yaml.safe_load(args)  # a JSON array
+
+
+def manifests() -> list[dict]:
+    return [
+        doc for path in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
+    ]
+
+
+def kind(name: str) -> list[dict]:
+    return [doc for doc in manifests() if doc["kind"] == name]
+
+
+def node_help() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate.node", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def variables_in(text: str) -> set[str]:
+    return set(re.findall(r"\bSLUICEGATE_[A-Z_]+\b", text))
+
+
+def test_every_variable_and_flag_the_files_use_is_the_nodes():
+    help_text = node_help()
+    haproxy = (DEPLOY / "haproxy.cfg").read_text()
+    for path in [DEPLOY / "Dockerfile", DEPLOY / "compose.yaml", *K8S.glob("*.yaml")]:
+        for variable in variables_in(path.read_text()):
+            assert variable in help_text or variable in haproxy, f"{path.name}: {variable}"
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(DEPLOY / "systemd" / "sluicegate.service")
+    command = shlex.split(unit["Service"]["ExecStart"])
+    assert Path(command[0]).name == "sluicegate-node"
+    for flag in (arg for arg in command[1:] if arg.startswith("-")):
+        assert re.search(rf"(^|[\s,]){re.escape(flag)}\b", help_text), flag
+
+
+def test_the_image_listens_where_the_manifests_and_probes_look():
+    env = image_env()
+    exposed = [args for name, args in final_stage() if name == "EXPOSE"]
+    assert exposed == [env["SLUICEGATE_PORT"]]
+    (statefulset,) = kind("StatefulSet")
+    pod = statefulset["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": int(env["SLUICEGATE_PORT"])}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] in ports
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert exec_form("HEALTHCHECK")[-1] == "health"
+    services = {service["metadata"]["name"]: service["spec"] for service in kind("Service")}
+    headless = services[statefulset["spec"]["serviceName"]]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    for spec in services.values():
+        assert spec["selector"] == pod["metadata"]["labels"]
+        assert all(port["targetPort"] in ports for port in spec["ports"])
+    (budget,) = kind("PodDisruptionBudget")
+    assert budget["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    # The configuration is mounted where the image works, and the node reads it from there.
+    (mount,) = container["volumeMounts"]
+    workdir = [args for name, args in final_stage() if name == "WORKDIR"][-1]
+    assert mount["mountPath"] == workdir
+    (configmap,) = kind("ConfigMap")
+    parse_config(configmap["data"]["throttle.toml"], "configmap")
+
+
+def test_compose_gives_each_node_an_id_and_an_address_the_others_join():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    nodes = {name: s for name, s in compose["services"].items() if s.get("image") == "sluicegate"}
+    assert len(nodes) == 3
+    advertised = set()
+    for name, service in nodes.items():
+        env = {key: str(value) for key, value in service["environment"].items()}
+        assert env["SLUICEGATE_CLUSTER_NODE_ID"] == name
+        advertised.add(env["SLUICEGATE_CLUSTER_ADVERTISE"])
+        assert set(env["SLUICEGATE_CLUSTER_JOIN"].split(",")) == {f"{n}:8000" for n in nodes}
+        config = apply(parse_config("", "compose"), given(parse_args([], {}), env))
+        assert config.semaphores
+    assert advertised == {f"{n}:8000" for n in nodes}
+
+
+def install_as_the_image_does(tmp_path: Path) -> Path:
+    """The build stage's COPY and `pip install .`, into a directory of its own: what the image
+    gets is the package as installed, not this checkout."""
+    source = tmp_path / "src"
+    source.mkdir()
+    build = dockerfile()[: [name for name, _ in dockerfile()].index("FROM", 1)]
+    for name, args in build:
+        if name == "COPY":
+            *paths, _ = args.split()
+            for path in paths:
+                target = source / path
+                if (ROOT / path).is_dir():
+                    shutil.copytree(
+                        ROOT / path, target, ignore=shutil.ignore_patterns("__pycache__")
+                    )
+                else:
+                    shutil.copy(ROOT / path, target)
+    site = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    return site
+
+
+def test_the_image_runs_its_entrypoint_with_its_variables_and_its_health_check(tmp_path):
+    site = install_as_the_image_does(tmp_path)
+    workdir = tmp_path / "etc-sluicegate"  # WORKDIR /etc/sluicegate, with a mounted file
+    workdir.mkdir()
+    (workdir / "throttle.toml").write_text("[semaphores]\nMounted = 3\n")
+    port = free_port()
+    env = dict(os.environ, **image_env())
+    env.update(
+        PATH=f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(site),
+        SLUICEGATE_ADDRESS="127.0.0.1",  # loopback here; the image binds 0.0.0.0
+        SLUICEGATE_PORT=str(port),
+    )
+    where = subprocess.run(
+        [sys.executable, "-c", "import sluicegate.node.cli as c; print(c.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert where.stdout.startswith(str(site)), where.stdout + where.stderr
+    entrypoint = exec_form("ENTRYPOINT")
+    health = [sys.executable if arg == "python" else arg for arg in exec_form("HEALTHCHECK")]
+    node = subprocess.Popen(
+        [shutil.which(entrypoint[0], path=env["PATH"]), *entrypoint[1:]],
+        cwd=workdir,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=20)
+        assert subprocess.run(health, env=env, timeout=10).returncode == 0
+        with urllib.request.urlopen(f"{url}/remainder?semaphore=Mounted", timeout=5) as answer:
+            assert answer.read() == b"3"
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.communicate(timeout=10)
+    assert node.returncode == 0
+    failed = subprocess.run(health, env=env, timeout=10, capture_output=True, text=True)
+    assert failed.returncode == 1 and "/health" in failed.stderr
+
+
+def test_the_statefulsets_settings_make_a_cluster(tmp_path):
+    """Three pods as three processes: the StatefulSet's variables, with each pod's DNS name
+    mapped to a loopback port, and the ConfigMap's file in the working directory."""
+    (statefulset,) = kind("StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    (configmap,) = kind("ConfigMap")
+    (workdir := tmp_path / "config").mkdir()
+    (workdir / "throttle.toml").write_text(configmap["data"]["throttle.toml"])
+    pods = [
+        f"{statefulset['metadata']['name']}-{i}" for i in range(statefulset["spec"]["replicas"])
+    ]
+    ports = {pod: free_port() for pod in pods}
+    domain = statefulset["spec"]["serviceName"]
+    processes = []
+    try:
+        for pod in pods:
+            env = dict(os.environ, SLUICEGATE_ADDRESS="127.0.0.1", SLUICEGATE_PORT=str(ports[pod]))
+            for variable in container["env"]:
+                if "value" in variable:
+                    value = variable["value"].replace("$(POD_NAME)", pod)
+                elif "fieldRef" in variable["valueFrom"]:
+                    value = pod
+                else:
+                    value = "a-cluster-secret-of-32-characters"
+                for other, port in ports.items():
+                    value = value.replace(f"{other}.{domain}:8000", f"127.0.0.1:{port}")
+                env[variable["name"]] = value
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "sluicegate.node"],
+                    cwd=workdir,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        urls = [f"http://127.0.0.1:{ports[pod]}" for pod in pods]
+        wait_until(lambda: all(is_ready(url) for url in urls), 30, "every pod ready")
+        with urllib.request.urlopen(f"{urls[1]}/remainder?semaphore=A", timeout=5) as answer:
+            assert answer.read() == b"42"
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
