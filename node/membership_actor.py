@@ -9,6 +9,7 @@ the ring (`ring`) whenever the live member set changes.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 
@@ -26,6 +27,9 @@ log = logging.getLogger("sluicegate.membership")
 INTRODUCTION_HOLD = 2.0
 # At most this long for the goodbye to leave before the node stops.
 GOODBYE_FLUSH = 0.3
+# How often, while members it counts for the quorum are down, a node names them (a member
+# replaced under a new id stays counted, and the cluster may have lost its majority for it).
+DOWN_REMINDER = 60.0
 
 
 class MembershipActor:
@@ -52,6 +56,7 @@ class MembershipActor:
         self._on_change = on_change
         self._dialing: dict[str, tuple[str, trio.CancelScope]] = {}
         self._introducing: set[str] = set()
+        self._reminded_at = -math.inf
         self._nursery: trio.Nursery | None = None
         self.ring = Ring(membership.live_members())
 
@@ -89,6 +94,10 @@ class MembershipActor:
     def left_members(self) -> set[str]:
         """Members that left gracefully: they replicated everything before they said goodbye."""
         return self._membership.left_members()
+
+    def down_members(self) -> set[str]:
+        """Members counted for the quorum that this node believes down (silent, not left)."""
+        return self._membership.known_members() - set(self._membership.live_members())
 
     def generations(self) -> dict[str, int]:
         """Each live member's generation: a new one means it restarted and lost its memory."""
@@ -138,8 +147,10 @@ class MembershipActor:
     # -- internals ---------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        targets = self._membership.tick(self._clock.now(), self._rng)
+        now = self._clock.now()
+        targets = self._membership.tick(now, self._rng)
         self._apply_events()
+        self._remind_of_down_members(now)
         linked = self._links.status()
         node_at = {address: node_id for node_id, address in self._known_addresses().items()}
         for address, gossip in targets:
@@ -152,6 +163,18 @@ class MembershipActor:
                 # the others; an introduction reaches it from either side.
                 self._introducing.add(address)
                 self._nursery.start_soon(self._introduce, address, gossip)
+
+    def _remind_of_down_members(self, now: float) -> None:
+        down = self.down_members()
+        if down and now >= self._reminded_at + DOWN_REMINDER:
+            self._reminded_at = now
+            log.warning(
+                "%d of %d members are down and still counted for the quorum: %s. A member that "
+                "will not come back keeps counting; replace it under the same id.",
+                len(down),
+                len(self._membership.known_members()),
+                ", ".join(sorted(down)),
+            )
 
     async def _introduce(self, address: str, gossip: Gossip) -> None:
         try:

@@ -103,6 +103,12 @@ class ClusterCollector(Collector):
             "Members this node believes alive, itself included.",
             value=len(self._membership.live_members()),
         )
+        yield GaugeMetricFamily(
+            "sluicegate_members_down",
+            "Members this node counts for the quorum but believes down (silent, not left): they "
+            "count until they come back.",
+            value=len(self._membership.down_members()),
+        )
         shard = self._service.shard_actor.shard
         ownership = shard.ownership
         yield GaugeMetricFamily(

@@ -83,6 +83,14 @@ def test_goodbye_removes_a_member_at_once_and_silence_after_the_timeout(cluster)
     took = wait_until(lambda: members_up(cluster["n1"]) == 1, 10, "n2 declared down")
     assert 1.0 < took < 5.0  # down_after is 2 s
     assert "Member n2 is down (silent)." in cluster["n1"].log()
+    assert gauge(cluster["n1"], "sluicegate_members_down") == 1.0  # n3 left: not counted
+    wait_until(
+        lambda: (
+            "1 of 2 members are down and still counted for the quorum: n2." in cluster["n1"].log()
+        ),
+        5,
+        "n1 names the member down",
+    )
 
 
 def test_a_restarted_node_rejoins(cluster, tmp_path):
