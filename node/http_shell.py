@@ -273,6 +273,26 @@ class ThrottleApi:
     async def favicon(self, request: Request) -> Response:
         return Response(200, _FAVICON, "image/x-icon")
 
+    async def status(self, request: Request) -> Response:
+        """Ours: this node, its members and the semaphores it owns, as JSON for `sluicegate`
+        (node/admin.py)."""
+        stats = await self.semaphores.stats()
+        body = {
+            "version": VERSION,
+            **self.semaphores.status(),
+            "semaphores": [
+                {
+                    "name": s.name,
+                    "max": s.max,
+                    "acquired": s.acquired,
+                    "pending": s.pending,
+                    "longest_pending": round(s.longest_pending, 3),
+                }
+                for s in stats
+            ],
+        }
+        return json_response(body)
+
     async def metrics(self, request: Request) -> Response:
         throttle = render_throttle_metrics(await self.semaphores.stats())
         return text(throttle + self.extra_metrics())
@@ -435,6 +455,7 @@ class Router:
             b"/version": {"GET": api.version},
             b"/favicon.ico": {"GET": api.favicon},
             b"/metrics": {"GET": api.metrics},
+            b"/status.json": {"GET": api.status},
             b"/new_peer": {"POST": api.new_peer},
             b"/peers/": {"GET": api.list_peers},
             b"/remainder": {"GET": api.remainder},

@@ -108,6 +108,33 @@ class MembershipActor:
                 members[node_id] = state.generation
         return members
 
+    def report(self) -> list[dict]:
+        """Every member this node knows of, itself first: id, address, generation, state (up,
+        down or left), seconds since its gossip last advanced, and whether the link to it is up
+        (None for itself)."""
+        now = self._clock.now()
+        live = self._membership.live_members()
+        links = self._links.status()
+        left = self._membership.left_members()
+        others = sorted((self._membership.known_members() | left) - {self.node_id})
+        rows = []
+        for node_id in [self.node_id, *others]:
+            state = self._membership.state_of(node_id)
+            if state is None:
+                continue
+            advanced = self._membership.last_advanced(node_id)
+            rows.append(
+                {
+                    "id": node_id,
+                    "address": state.address,
+                    "generation": state.generation,
+                    "state": "left" if node_id in left else "up" if node_id in live else "down",
+                    "gossip_lag": None if advanced is None else round(now - advanced, 3),
+                    "link": None if node_id == self.node_id else links.get(node_id, False),
+                }
+            )
+        return rows
+
     def gossip_lag(self) -> dict[str, float]:
         """Seconds since each other live member's entry last advanced (a fresh heartbeat)."""
         now = self._clock.now()

@@ -120,6 +120,10 @@ class LocalSemaphores:
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
 
+    def status(self) -> dict:
+        """What `GET /status.json` says of this node beyond its semaphores: one node alone."""
+        return {"cluster": False, "ready": True, "members": []}
+
     async def list_peers(self, limit: int | None = None) -> list[int]:
         return (await self._actor.call(EVERY_PEER))[:limit]
 
@@ -216,6 +220,22 @@ class ClusterSemaphores:
     async def stats(self) -> list[SemaphoreStats]:
         """Throttle's gauges of the semaphores this node owns (each node reports its own)."""
         return self._shard.stats(self._clock.now())
+
+    def status(self) -> dict:
+        """What `GET /status.json` says of this node beyond its semaphores: its members and
+        its share of the slots."""
+        now = self._clock.now()
+        ownership = self._shard.ownership
+        return {
+            "cluster": True,
+            "node": self.node_id,
+            "ready": ownership.serves_share(now),
+            "members": self._membership.report(),
+            "slots_acting": len(ownership.acting_slots(now)),
+            "peers_homed": len(self._shard.home.peers),
+            "waiting_for_quorum": ownership.gate.waiting,
+            "semaphores_in_grace": sorted(self._shard.owner.leases.in_grace()),
+        }
 
     def _target(self, op: Operation) -> str | None:
         match op:
