@@ -169,7 +169,7 @@ def test_a_cluster_node_bound_to_any_address_must_say_where_it_is_reached(tmp_pa
         env=dict(os.environ, **SECRET),
     )
     assert result.returncode == 2
-    assert "set [cluster] advertise" in result.stderr
+    assert "set --advertise HOST:PORT (or [cluster] advertise" in result.stderr
 
 
 def test_every_node_acts_for_the_slots_the_ring_gives_it(cluster):
