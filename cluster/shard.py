@@ -11,9 +11,9 @@ message from another node, `tick` the passing of time; `answers()`, `outbox()` a
 * every change is written to the slot's acceptors, and nothing that follows it (an answer, a
   message, even one to this node's own home or owner) leaves before the write is committed
   (`CommitGate`); what a lost slot's uncommitted writes held back fails instead (503);
-* the answer to an acquire, a heartbeat, a release or a peer's deletion waits until the
-  releases of the peer's locks it caused are confirmed by their owners, so that whatever the
-  client asks next, through any node, sees them.
+* the answer to an acquire, a release, a peer's deletion or a heartbeat that ends its peer
+  waits until the releases of the peer's locks are confirmed by their owners, so that whatever
+  the client asks next, through any node, sees them.
 
 Acquires that wait (`block_for`, or only for a remote owner's first answer) park here until their
 peer holds all its locks, fails, moves, or the time is up.
@@ -172,22 +172,34 @@ class Shard:
     def submit(self, request_id: int, op: Operation, now: float) -> None:
         """Apply a client's operation; its answer comes out of `answers()`, maybe later."""
         self._begin(now)
-        # Answers that wait for the peer's releases, if it has any (see the module): a
-        # heartbeat of expiry 0 ends its peer too.
-        ends = Acquire | ReleaseLock | ReleasePeer | Heartbeat
-        peer_id = op.peer_id if isinstance(op, ends) else None
         try:
             if isinstance(op, Acquire):
                 self._make_room_to_wait(op.peer_id)
             result = self._apply(op, now)
         except SemaphoreError as error:
-            self._reply(peer_id, Answer(request_id, error=error))
+            self._reply(self._waits_for_releases(op), Answer(request_id, error=error))
         else:
             if isinstance(op, Acquire):
                 self._acquired(request_id, op, result, now)
             else:
-                self._reply(peer_id, Answer(request_id, result))
+                self._reply(self._waits_for_releases(op), Answer(request_id, result))
         self._end(now)
+
+    def _waits_for_releases(self, op: Operation) -> int | None:
+        """The peer whose releases the answer to `op` waits for (see the module), if any.
+
+        A heartbeat that leaves its peer alive waits for none: it released nothing, and its
+        answer tells the client only that its lease runs on. Held behind a release of an
+        earlier operation, it would wait on the one link between the home and that lock's
+        owner, and a clog of that link alone would lose a lease a majority could keep
+        (five-node seed 379641930)."""
+        if isinstance(op, Acquire | ReleaseLock | ReleasePeer):
+            return op.peer_id
+        if isinstance(op, Heartbeat) and (
+            op.expires_in <= 0 or not self.home.peers.has_peer(op.peer_id)
+        ):
+            return op.peer_id
+        return None
 
     def withdraw(self, request_id: int) -> None:
         """Forget a waiting acquire whose asker has gone: it is never answered."""

@@ -230,6 +230,22 @@ def test_a_heartbeat_that_ends_its_peer_is_answered_once_its_locks_are_back():
     assert cluster.call(Remainder("B")).result == 3
 
 
+def test_a_heartbeat_is_not_held_behind_a_release_its_owner_has_not_confirmed():
+    cluster = Shards(CONFIG, NODES)
+    home = next(n for n in NODES if n != owner(cluster, "B"))
+    peer = new_peer(cluster, home=home)
+    assert granted(cluster.call(Acquire(peer, "B", 2)))
+    cluster.hold(home, owner(cluster, "B"))
+    release = cluster.submit(home, ReleaseLock(peer, "B"))
+    beat = cluster.submit(home, Heartbeat(peer, 5.0))
+    cluster.settle()
+    assert cluster.answers.pop(beat).error is None
+    assert release not in cluster.answers
+    cluster.release(home, owner(cluster, "B"))
+    cluster.settle()
+    assert cluster.answers.pop(release).error is None
+
+
 def test_peers_due_together_expire_a_chunk_a_step_and_one_named_first():
     cluster = Shards(CONFIG, NODES)
     home = NODES[0]

@@ -22,7 +22,7 @@ REPLAYED = 10
 SEEDS_OF_FIVE = 20
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
-# diagnosed in simulations/regressions.txt (or regressions-five.txt), until it is fixed.
+# diagnosed in simulations/regressions*.txt, until it is fixed.
 OPEN: set[int] = set()
 
 
@@ -129,6 +129,14 @@ def test_seeds_that_once_failed_with_skew_and_freezes_pass_with_them():
 def test_five_node_seeds_that_once_failed_pass():
     listed = ROOT / "simulations" / "regressions-five.txt"
     done = simulate("--seeds-from", str(listed), "--nodes", "5", "--hashes", timeout=600)
+    assert len(hashes(done.stdout)) == len(read_seeds(listed))
+    assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
+
+
+def test_five_node_seeds_that_once_failed_with_skew_and_freezes_pass_with_them():
+    listed = ROOT / "simulations" / "regressions-five-skew.txt"
+    args = ("--seeds-from", str(listed), "--nodes", "5", "--with", "skew,freeze", "--hashes")
+    done = simulate(*args, timeout=600)
     assert len(hashes(done.stdout)) == len(read_seeds(listed))
     assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
 
