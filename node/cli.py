@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from .config import ConfigError, NodeConfig, load_config, parse_section
+from .config import ConfigError, NodeConfig, load_config, parse_section, whole_number
 from .logs import FORMATS, choose_level, clip, setup_logging
 from .server import run_node
 from .settings import add_flags, apply, given
@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _port(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text) > 65535:
+    port = whole_number(text, 65536)
+    if port is None or port > 65535:
         raise ConfigError(f"--port or SLUICEGATE_PORT: not a port number: {clip(text, 40)!r}")
-    return int(text)
+    return port
 
 
 def check_cluster(config: NodeConfig, address: str) -> None:

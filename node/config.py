@@ -220,6 +220,17 @@ def _rate_limits(table: object, source: str) -> dict[str, RateLimiterConfig]:
     return result
 
 
+def whole_number(text: str, cap: int) -> int | None:
+    """`text` as a whole number if it is ASCII digits and nothing else (None if not), at most
+    `cap`: a larger one comes back as `cap`. int() alone would take signs, spaces, underscores
+    and other scripts' digits, and fails on more than 4,300 digits with an error of its own."""
+    if not text.isascii() or not text.isdigit():
+        return None
+    if len(text) > len(str(cap)):
+        return cap
+    return min(int(text), cap)
+
+
 def _integer(value: object, key: str, source: str, bounds: tuple[int, int]) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{source}: {key} must be an integer, found {value!r}")

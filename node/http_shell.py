@@ -33,6 +33,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
+from .config import whole_number
 from .logs import clip
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
@@ -142,11 +143,10 @@ class Request:
 
     async def body(self) -> bytes:
         length = self.header(b"content-length")
-        if (
-            length is not None
-            and length.isdigit()
-            and (len(length) > 18 or int(length) > self._most)
-        ):
+        declared = (
+            None if length is None else whole_number(length.decode("latin-1"), self._most + 1)
+        )
+        if declared is not None and declared > self._most:
             raise Rejection(text("Failed to buffer the request body: length limit exceeded", 413))
         chunks, size = [], 0
         while True:
@@ -197,11 +197,12 @@ def _shaped(convert: Callable[[], object]) -> object:
 def _count(text: str) -> int:
     """A whole number of at most 20 digits (`?limit=` of `GET /peers/`, ours), with serde's
     wording for what is not one."""
-    if not text.isascii() or not text.isdigit():
+    count = whole_number(text, LAST_PEER_ID + 1)
+    if count is None:
         raise serde.ShapeError("invalid digit found in string")
-    if len(text) > 20 or int(text) > LAST_PEER_ID:
+    if count > LAST_PEER_ID:
         raise serde.ShapeError("number too large to fit in target type")
-    return int(text)
+    return count
 
 
 def _query(request: Request, fields: dict, required=()) -> dict:
@@ -221,8 +222,9 @@ def _path_text(segment: bytes, name: str) -> str:
 def _peer_id(segment: bytes, *, in_tuple: bool = False) -> int:
     value = _path_text(segment, "id")
     digits = value[1:] if value.startswith("+") else value
-    if digits.isascii() and digits.isdigit() and len(digits) <= 20 and int(digits) < 2**64:
-        return int(digits)
+    peer_id = whole_number(digits, 2**64)
+    if peer_id is not None and peer_id < 2**64:
+        return peer_id
     # axum words it differently when the id is the first of two path parameters.
     where = f"value at index 0 with value `{value}`" if in_tuple else f"`{value}`"
     raise Rejection(text(f"Invalid URL: Cannot parse {where} to a `u64`", 400))
@@ -415,12 +417,13 @@ def _rate_limit_query(query: bytes) -> tuple[str, int]:
         raise Rejection(rate_limit_error("bad_request", "the query is not UTF-8", 400)) from None
     key = fields.get("key", [""])[-1]
     n_text = fields.get("n", ["1"])[-1]
-    if not (n_text.isascii() and n_text.isdigit()):
+    # Any weight above a limiter's largest is refused alike.
+    n = whole_number(n_text, 2**64)
+    if n is None:
         raise Rejection(
             rate_limit_error("invalid_weight", f"n must be a whole number: {clip(n_text)!r}", 400)
         )
-    # Any weight above a limiter's largest is refused alike; int() of 4,301 digits would raise.
-    return key, int(n_text) if len(n_text) <= 20 else 2**64
+    return key, n
 
 
 def rate_limit_error(code: str, message: str, status: int) -> Response:

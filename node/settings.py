@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sluicegate.cluster.limits import Limits
 
-from .config import ConfigError, NodeConfig, parse_section
+from .config import ConfigError, NodeConfig, parse_section, whole_number
 from .logs import clip
 
 # How the text of a flag or variable becomes what the file would hold.
@@ -198,10 +198,10 @@ def _addresses(text: object, origin: str) -> list[str]:
 
 
 def _integer(text: object, origin: str) -> int:
-    digits = str(text).strip().replace("_", "")
-    if not digits.isascii() or not digits.isdigit() or len(digits) > 19:
+    value = whole_number(str(text).strip().replace("_", ""), 2**63)
+    if value is None or value == 2**63:
         raise ConfigError(f"{origin}: must be a whole number, found {clip(str(text), 40)!r}")
-    return int(digits)
+    return value
 
 
 def _table(text: str, origin: str) -> dict:

@@ -10,7 +10,13 @@ import pytest
 from sluicegate.cluster.limits import Limits
 from sluicegate.cluster.semaphores import SemaphoreConfig
 from sluicegate.node import cli
-from sluicegate.node.config import ClusterConfig, ConfigError, NodeConfig, parse_config
+from sluicegate.node.config import (
+    ClusterConfig,
+    ConfigError,
+    NodeConfig,
+    parse_config,
+    whole_number,
+)
 from sluicegate.node.settings import SETTINGS, apply, given
 
 FILE = """
@@ -164,3 +170,24 @@ def test_the_node_exits_2_on_a_mistake_in_a_flag_or_variable(
         monkeypatch.setenv(name, value)
     assert cli.main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("8000", 8000),
+        ("65535", 65535),
+        ("65536", 65536),
+        ("99999999", 65536),  # above the cap
+        ("9" * 5000, 65536),  # int() alone refuses 4,301 digits
+        ("", None),
+        ("-1", None),
+        ("+1", None),
+        (" 1", None),
+        ("1_000", None),
+        ("\u0661\u0662", None),  # Arabic-Indic digits, which int() takes
+    ],
+)
+def test_a_whole_number_is_ascii_digits_only_and_capped(text, value):
+    assert whole_number(text, 65536) == value
