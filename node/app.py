@@ -13,6 +13,7 @@ from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 
 from .asgi_websocket import AsgiWebSocket
 from .http_shell import Request, Response, Router, ThrottleApi, handle
+from .latencies import Latencies
 from .links import Links, MessageConnection
 from .rate_limit_service import RateLimitService
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
@@ -29,7 +30,8 @@ class NodeApp:
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.throttle = ThrottleApi(semaphores, rate_limits, extra_metrics)
-        self.router = Router(self.throttle)
+        self.latencies = Latencies()
+        self.router = Router(self.throttle, self.latencies)
         self.links: Links | None = None
         # How this node names itself to `/ws` clients (its cluster id once it has one).
         self.node_id = node_id
@@ -75,6 +77,7 @@ class NodeApp:
             throttle.semaphores,
             throttle.rate_limits,
             self.node_id,
+            self.latencies,
             peers_per_connection=self._limits.peers_per_connection,
         ).run()
 

@@ -34,6 +34,7 @@ from sluicegate.cluster.semaphore_ops import (
 
 from . import serde_compat as serde
 from .config import whole_number
+from .latencies import OTHER, Latencies
 from .logs import clip
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
@@ -449,8 +450,9 @@ GET = ("GET", "HEAD")
 class Router:
     """Maps a raw (still percent-encoded) path to its handlers by method."""
 
-    def __init__(self, api: ThrottleApi) -> None:
+    def __init__(self, api: ThrottleApi, latencies: Latencies) -> None:
         self.api = api
+        self.latencies = latencies
         self.static = {
             b"/": {"GET": api.index},
             b"/health": {"GET": api.health},
@@ -465,31 +467,32 @@ class Router:
             b"/restore": {"POST": api.restore},
         }
 
-    def route(self, path: bytes) -> dict[str, Callable] | None:
-        """Handlers by method, partially applied to the path's parameters; None if no route."""
+    def route(self, path: bytes) -> tuple[str, dict[str, Callable]] | None:
+        """The route's template (`/peers/{id}`, say) and its handlers by method, partially
+        applied to the path's parameters; None if no route."""
         static = self.static.get(path)
         if static is not None:
-            return static
+            return path.decode(), static
         parts = path.split(b"/")
         if len(parts) == 4 and parts[:2] == [b"", b"rate_limits"] and parts[3] == b"check":
             if not parts[2]:
                 return None
             api, name = self.api, parts[2]
-            return {"POST": lambda r: api.rate_limit_check(r, name)}
+            return "/rate_limits/{name}/check", {"POST": lambda r: api.rate_limit_check(r, name)}
         if len(parts) not in (3, 4) or parts[0] != b"" or parts[1] != b"peers":
             return None
         if not all(parts[2:]):
             return None
         api, peer = self.api, parts[2]
         if len(parts) == 3:
-            return {
+            return "/peers/{id}", {
                 "PUT": lambda r: api.heartbeat(r, peer),
                 "DELETE": lambda r: api.release_peer(r, peer),
             }
         if parts[3] == b"is_acquired":  # the static segment wins over {semaphore}
-            return {"GET": lambda r: api.is_acquired(r, peer)}
+            return "/peers/{id}/is_acquired", {"GET": lambda r: api.is_acquired(r, peer)}
         semaphore = parts[3]
-        return {
+        return "/peers/{id}/{semaphore}", {
             "PUT": lambda r: api.acquire(r, peer, semaphore),
             "DELETE": lambda r: api.release_lock(r, peer, semaphore),
         }
@@ -506,13 +509,28 @@ def allow_header(methods: dict[str, Callable]) -> bytes:
 async def handle(router: Router, request: Request) -> Response | None:
     """The response to `request`; None if its client went away first (a long poll it gave up,
     say): whatever the handler waited for is withdrawn."""
-    handlers = router.route(request.raw_path)
-    if handlers is None:
-        return Response(404, NOT_FOUND_PAGE, HTML)
+    arrived = trio.current_time()
     method = "GET" if request.method == "HEAD" else request.method
-    handler = handlers.get(method)
-    if handler is None:
-        return Response(405, headers=[(b"allow", allow_header(handlers))])
+    route = router.route(request.raw_path)
+    if route is None:
+        response: Response | None = Response(404, NOT_FOUND_PAGE, HTML)
+        template = method = OTHER
+    else:
+        template, handlers = route
+        handler = handlers.get(method)
+        if handler is None:
+            response = Response(405, headers=[(b"allow", allow_header(handlers))])
+            method = OTHER
+        else:
+            response = await _served(handler, request)
+    if response is not None:
+        router.latencies.http_answered(method, template, trio.current_time() - arrived)
+    return response
+
+
+async def _served(
+    handler: Callable[[Request], Awaitable[Response]], request: Request
+) -> Response | None:
     with trio.CancelScope() as gone:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(request.cancel_when_gone, gone)

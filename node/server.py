@@ -23,6 +23,7 @@ from sluicegate.cluster.slots import takeover_bound
 from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
 from .config import NodeConfig
+from .latencies import LatencyCollector
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
 from .listener import serve
@@ -127,6 +128,8 @@ async def run_node(
         extra_metrics=metrics.render,
         limits=limits,
     )
+    if config.rate_limits or config.cluster.secret:
+        metrics.registry.register(LatencyCollector(app.latencies))
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         await nursery.start(watch_stalls)

@@ -18,7 +18,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from sluicegate.cluster.errors import QuotaFull, RateLimitError, SemaphoreError, UnknownPeer
-from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation
+from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation, RateWait
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     Heartbeat,
@@ -26,10 +26,12 @@ from sluicegate.cluster.semaphore_ops import (
     NewPeer,
     ReleaseLock,
     ReleasePeer,
+    Remainder,
     Restore,
 )
 
 from . import ws_protocol as protocol
+from .latencies import Latencies
 from .links import MessageConnection
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
@@ -50,6 +52,20 @@ CLOSE_TIMEOUT = 1.0
 CLOSE_NOT_READING = 1008
 # Operations whose answers tell of a peer's life: made, restored, released, or unknown.
 _PEER_LIFE = (NewPeer, Restore, ReleasePeer, Acquire, ReleaseLock, Heartbeat, IsAcquired)
+# The label of each operation in `sluicegate_ws_request_duration_seconds`: its name on the wire.
+_OP_NAMES = {
+    NewPeer: "new_peer",
+    Heartbeat: "heartbeat",
+    ReleasePeer: "release_peer",
+    Acquire: "acquire",
+    ReleaseLock: "release",
+    IsAcquired: "is_acquired",
+    Remainder: "remainder",
+    Restore: "restore",
+    RateCheck: "check",
+    RateChecks: "check",
+    RateWait: "wait",
+}
 
 
 class WsConnection:
@@ -59,6 +75,7 @@ class WsConnection:
         semaphores: LocalSemaphores | ClusterSemaphores,
         rate_limits: RateLimitService,
         node_id: str,
+        latencies: Latencies,
         idle_timeout: float = IDLE_TIMEOUT,
         peers_per_connection: int = 1_000,
     ) -> None:
@@ -66,6 +83,7 @@ class WsConnection:
         self._semaphores = semaphores
         self._rate_limits = rate_limits
         self._node_id = node_id
+        self._latencies = latencies
         self._idle_timeout = idle_timeout
         self._answers: list[dict] = []
         self._answers_ready = trio.Event()
@@ -114,8 +132,8 @@ class WsConnection:
         await self._ws.send_message(protocol.welcome(self._node_id, self._idle_timeout))
         while True:
             frame = await self._ws.get_message()
-            self._last_frame = trio.current_time()
-            await self._run_frame(protocol.decode(frame, expect_hello=False), nursery)
+            arrived = self._last_frame = trio.current_time()
+            await self._run_frame(protocol.decode(frame, expect_hello=False), nursery, arrived)
             while self._sending and len(self._answers) >= MAX_UNSENT:
                 await self._sent.wait()
 
@@ -139,7 +157,10 @@ class WsConnection:
                 raise protocol.ProtocolViolation(protocol.CLOSE_IDLE, "idle timeout")
 
     async def _run_frame(
-        self, requests: list[protocol.Request | protocol.Rejected], nursery: trio.Nursery
+        self,
+        requests: list[protocol.Request | protocol.Rejected],
+        nursery: trio.Nursery,
+        arrived: float,
     ) -> None:
         here: list = []
         for position, item in enumerate(requests, 1):
@@ -149,8 +170,10 @@ class WsConnection:
                 await trio.lowlevel.checkpoint()
             if isinstance(item, protocol.Rejected):
                 self._answers.append(protocol.error(item.request_id, item.code, item.message))
+                self._latencies.ws_answered("rejected", trio.current_time() - arrived)
                 continue
             if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(item):
+                self._latencies.ws_answered("check", trio.current_time() - arrived)
                 continue
             if isinstance(item.op, NewPeer | Restore):
                 if len(self._peers) + self._making_peers >= self._most_peers:
@@ -159,6 +182,7 @@ class WsConnection:
                         f"this connection made {len(self._peers)} peers that are still live",
                     )
                     self._answers.append(self._refusal(item.request_id, refusal))
+                    self._latencies.ws_answered(_OP_NAMES[type(item.op)], 0.0)
                     continue
                 self._making_peers += 1
             try:
@@ -167,12 +191,13 @@ class WsConnection:
                 self._apply(here)
                 here = []
                 await self._in_flight.acquire()
+            answered = self._answerer(item.request_id, item.op, arrived)
             if isinstance(item.op, RateOperation):
-                nursery.start_soon(self._serve, item, self._rate_limits.call)
+                nursery.start_soon(self._serve, item.op, answered, self._rate_limits.call)
             elif self._semaphores.serves_here(item.op):
-                here.append((item.op, self._answerer(item.request_id, item.op)))
+                here.append((item.op, answered))
             else:
-                nursery.start_soon(self._serve, item, self._semaphores.call)
+                nursery.start_soon(self._serve, item.op, answered, self._semaphores.call)
         self._apply(here)
         if not self._sending:
             await self._send_answers_now()
@@ -200,8 +225,9 @@ class WsConnection:
         finally:
             self._applying = False
 
-    def _answerer(self, request_id: int, op: object):
+    def _answerer(self, request_id: int, op: object, arrived: float):
         follows_peers = isinstance(op, _PEER_LIFE)
+        name = _OP_NAMES[type(op)]
 
         def answered(result: object, failure: BaseException | None) -> None:
             if follows_peers:
@@ -211,6 +237,7 @@ class WsConnection:
             else:
                 self._answer(self._refusal(request_id, failure))
             self._in_flight.release()
+            self._latencies.ws_answered(name, trio.current_time() - arrived)
 
         return answered
 
@@ -232,11 +259,10 @@ class WsConnection:
                 answer["retry_here_for"] = retry_here_for
         return answer
 
-    async def _serve(self, request: protocol.Request, call) -> None:
+    async def _serve(self, op: object, answered, call) -> None:
         """A request for another node, or a rate-limit wait: answered when done, like the rest."""
-        answered = self._answerer(request.request_id, request.op)
         try:
-            result = await call(request.op)
+            result = await call(op)
         except (SemaphoreError, RateLimitError, Unavailable) as failure:
             answered(None, failure)
         else:

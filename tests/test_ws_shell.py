@@ -12,6 +12,7 @@ from trio_websocket import CloseReason, ConnectionClosed
 
 from sluicegate.cluster.rate_limits import RateLimits
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
+from sluicegate.node.latencies import Latencies
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
 from sluicegate.node.semaphore_service import LocalSemaphores
@@ -44,7 +45,9 @@ async def served(nursery):
     actor = SemaphoreActor(SemaphoreCore({"A": SemaphoreConfig(1)}), rng=random.Random(1))
     await nursery.start(actor.run)
     ws = FakeWebSocket()
-    connection = WsConnection(ws, LocalSemaphores(actor), RateLimitService(RateLimits({})), "n1")
+    connection = WsConnection(
+        ws, LocalSemaphores(actor), RateLimitService(RateLimits({})), "n1", Latencies()
+    )
     done = trio.Event()
 
     async def run() -> None:
@@ -118,7 +121,9 @@ async def test_a_big_frame_is_handled_a_step_at_a_time(autojump_clock, nursery):
             super().submit(requests, owner)
 
     ws = FakeWebSocket()
-    connection = WsConnection(ws, Recorded(actor), RateLimitService(RateLimits({})), "n1")
+    connection = WsConnection(
+        ws, Recorded(actor), RateLimitService(RateLimits({})), "n1", Latencies()
+    )
     nursery.start_soon(connection.run)
     await hello(ws)
     frame = [{"id": i, "op": "new_peer", "expires_in": 60} for i in range(1000)]
