@@ -85,7 +85,8 @@ class Membership:
         self.down_after = down_after
         self.fanout = fanout
         self._me = MemberState(node_id, address, generation, 0)
-        self._seeds = [seed for seed in dict.fromkeys(seeds) if seed != address]
+        self._listed_seeds = [seed for seed in dict.fromkeys(seeds) if seed != address]
+        self._seeds = self._listed_seeds
         self._others: dict[str, _Entry] = {}
         self._events: list[MembershipEvent] = []
 
@@ -185,6 +186,13 @@ class Membership:
             elif not entry.alive or state.generation != previous.generation:
                 entry.alive = True
                 self._events.append(MemberUp(state.node_id, state.address, state.generation))
+
+    def use_found_seeds(self, seeds: Iterable[str]) -> None:
+        """Seeds a discovery found (DNS names of the join list), in place of those it found
+        before; the listed seeds stay. Only whom a tick introduces this node to changes: the
+        members known stay, alive or not, as their gossip says."""
+        found = [seed for seed in seeds if seed != self._me.address]
+        self._seeds = list(dict.fromkeys([*self._listed_seeds, *found]))
 
     def leave(self) -> list[tuple[str, Gossip]]:
         """Say goodbye: the final gossip, to every member believed alive."""
