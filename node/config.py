@@ -30,7 +30,8 @@ Our own section, for running several nodes as one cluster:
 ```toml
 [cluster]
 node_id = "n1"                    # default: ADDRESS:PORT of this node
-join = ["10.0.0.2:8000"]          # seed addresses (host:port) of other nodes
+join = ["10.0.0.2:8000"]          # seeds: host:port of other nodes, or dns:NAME:PORT
+resolver = "10.96.0.10:53"        # the DNS server dns: seeds ask (default: /etc/resolv.conf's)
 secret = "..."                    # shared by all nodes; or SLUICEGATE_CLUSTER_SECRET(_FILE)
 advertise = "10.0.0.1:8000"       # where other nodes reach this one (default: the bound address)
 down_after = "3s"                 # a member silent this long is down
@@ -64,6 +65,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluicegate.cluster.dns_seeds import (
+    AddressError,
+    is_dns_entry,
+    parse_dns_entry,
+    parse_nameserver,
+)
 from sluicegate.cluster.durations import DurationError, parse_duration
 from sluicegate.cluster.limits import Limits
 from sluicegate.cluster.rate_limits import MODES, RateLimiterConfig
@@ -84,7 +91,10 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ClusterConfig:
     node_id: str | None = None
+    # HOST:PORT, or dns:NAME:PORT for every address of NAME, looked up again and again.
     join: tuple[str, ...] = ()
+    # The DNS server's IP:PORT that dns: seeds ask; None: the system's (/etc/resolv.conf).
+    resolver: str | None = None
     secret: str | None = None
     advertise: str | None = None
     down_after: float = 3.0
@@ -263,6 +273,20 @@ def _cluster(table: object, source: str) -> ClusterConfig:
         join = [join]
     if not isinstance(join, list) or not all(isinstance(a, str) and a for a in join):
         raise ConfigError(f"{source}: cluster.join must be a list of host:port strings")
+    try:
+        for entry in join:
+            if is_dns_entry(entry):
+                parse_dns_entry(entry)
+    except AddressError as error:
+        raise ConfigError(f"{source}: cluster.join: {error}") from None
+    resolver = table.get("resolver")
+    if resolver is not None and not isinstance(resolver, str):
+        raise ConfigError(f"{source}: cluster.resolver must be an IP:PORT string")
+    try:
+        if resolver is not None:
+            parse_nameserver(resolver)
+    except AddressError as error:
+        raise ConfigError(f"{source}: cluster.resolver: {error}") from None
     secret = table.get("secret")
     if secret is not None and (not isinstance(secret, str) or not secret):
         raise ConfigError(f"{source}: cluster.secret must be a non-empty string")
@@ -272,6 +296,7 @@ def _cluster(table: object, source: str) -> ClusterConfig:
     return ClusterConfig(
         node_id=node_id,
         join=tuple(join),
+        resolver=resolver,
         secret=secret,
         advertise=advertise,
         down_after=_duration(table, "down_after", 3.0, source),

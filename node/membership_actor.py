@@ -157,6 +157,10 @@ class MembershipActor:
                 self._tick()
                 await self._clock.sleep(self._interval)
 
+    def use_found_seeds(self, seeds: tuple[str, ...]) -> None:
+        """Seeds found by DNS (node/dns_discovery.py), in place of those found before."""
+        self._membership.use_found_seeds(seeds)
+
     def receive(self, gossip: Gossip) -> None:
         """Gossip that arrived over a link."""
         self._membership.receive(gossip, self._clock.now())

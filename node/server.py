@@ -13,6 +13,7 @@ from collections.abc import Callable
 import trio
 from hypercorn.config import Config as HypercornConfig
 
+from sluicegate.cluster.dns_seeds import DnsSeeds, is_dns_entry, parse_dns_entry
 from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.ownership import Ownership
 from sluicegate.cluster.rate_limits import RateEvents, RateHandover, RateLimits, RateOperation
@@ -23,6 +24,7 @@ from sluicegate.cluster.slots import takeover_bound
 from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
 from .config import NodeConfig
+from .dns_discovery import DnsDiscovery, dns_resolver
 from .latencies import LatencyCollector
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
@@ -226,7 +228,7 @@ async def join_cluster(
         node_id,
         address,
         generation,
-        cluster.join,
+        [entry for entry in cluster.join if not is_dns_entry(entry)],
         down_after=cluster.down_after,
     )
     membership_actor = MembershipActor(
@@ -269,6 +271,13 @@ async def join_cluster(
         limits=config.limits,
         clock=clock,
     )
+    dns_names = [parse_dns_entry(entry) for entry in cluster.join if is_dns_entry(entry)]
+    discovery = DnsDiscovery(
+        DnsSeeds(dns_names, address),
+        dns_resolver(cluster.resolver),
+        membership_actor.use_found_seeds,
+        clock=clock,
+    )
     metrics.registry.register(ClusterCollector(membership_actor, links, semaphores))
     rate_limits.core.origin = node_id
     rate_limits.join_cluster(ownership, membership_actor, rpc, links)
@@ -277,5 +286,7 @@ async def join_cluster(
     async with trio.open_nursery() as nursery:
         await nursery.start(shard_actor.run)
         await nursery.start(membership_actor.run)
+        if dns_names:
+            await nursery.start(discovery.run)
         await nursery.start(semaphores.run)
         task_status.started((membership_actor, semaphores))

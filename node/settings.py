@@ -92,7 +92,15 @@ def _seconds(seconds: float) -> str:
 
 SETTINGS: tuple[Setting, ...] = (
     _cluster_setting("node_id", "ID", "this node's id in the cluster (default: ADDRESS:PORT)"),
-    _cluster_setting("join", "HOST:PORT", "seed nodes; repeat, or separate with commas", ADDRESSES),
+    _cluster_setting(
+        "join",
+        "HOST:PORT",
+        "seed nodes, or dns:NAME:PORT for every address of NAME; repeat, or separate with commas",
+        ADDRESSES,
+    ),
+    _cluster_setting(
+        "resolver", "IP:PORT", "the DNS server dns: seeds ask (default: the system's)"
+    ),
     _cluster_setting(
         "advertise", "HOST:PORT", "where other nodes reach this one (default: bound address)"
     ),

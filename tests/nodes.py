@@ -19,7 +19,8 @@ _LISTENING = re.compile(r"Listening on (http://[^\s]+)")
 
 
 class NodeProcess:
-    """One `python -m sluicegate.node` process, started with `--port 0` unless a port is given."""
+    """One `python -m sluicegate.node` process on 127.0.0.1 unless another address is given,
+    started with `--port 0` unless a port is given."""
 
     def __init__(
         self,
@@ -29,8 +30,11 @@ class NodeProcess:
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         files: int | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
-        """`files`: the most files the process may open (its soft and hard limit)."""
+        """`files`: the most files the process may open (its soft and hard limit); `address`:
+        a loopback address to bind (all of 127.0.0.0/8 is loopback on Linux)."""
+        self.address = address
         self.args = list(args or [])
         self.files = files
         self.env = dict(env or {})
@@ -57,7 +61,7 @@ class NodeProcess:
                 "-c",
                 str(self.config_path),
                 "--address",
-                "127.0.0.1",
+                self.address,
                 "--port",
                 str(self.port),
                 *self.args,

@@ -183,6 +183,8 @@ def test_config_parsing_matches_throttle():
         ('[cluster]\nadvertise = "nohost"\n', "cluster.advertise must be a host:port string"),
         ('[cluster]\ndown_after = "0s"\n', "cluster.down_after must be longer than zero"),
         ("[cluster]\njoin = [1]\n", "cluster.join must be a list of host:port strings"),
+        ('[cluster]\njoin = ["dns:peers:http"]\n', "cluster.join: 'dns:peers:http' is not dns:"),
+        ("[cluster]\nresolver = 53\n", "cluster.resolver must be an IP:PORT string"),
         ("semaphores = 3\n", "[semaphores] must be a table"),
         ("[rate_limits]\napi = 3\n", "rate_limits.api must be a table"),
         ('[rate_limits]\napi = { algorithm = "leaky" }\n', "rate_limits.api.algorithm must be"),

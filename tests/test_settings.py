@@ -79,6 +79,21 @@ def test_join_takes_commas_and_repeated_flags():
     assert flags.cluster.join == ("c:3", "d:4", "e:5")
 
 
+def test_join_takes_dns_names_beside_addresses_and_a_resolver_for_them():
+    text = '[cluster]\njoin = ["dns:peers.test:8000"]\nresolver = "127.0.0.1:5353"\n'
+    from_file = configured([], {}, text=text).cluster
+    assert (from_file.join, from_file.resolver) == (("dns:peers.test:8000",), "127.0.0.1:5353")
+    environ = {
+        "SLUICEGATE_CLUSTER_JOIN": "dns:sluicegate-peers:8000,10.0.0.9:8000",
+        "SLUICEGATE_CLUSTER_RESOLVER": "[fd00::10]:53",
+    }
+    from_environment = configured([], environ).cluster
+    assert from_environment.join == ("dns:sluicegate-peers:8000", "10.0.0.9:8000")
+    assert from_environment.resolver == "[fd00::10]:53"
+    flags = configured(["--join", "dns:a.test:1", "--resolver", "10.96.0.10"], environ).cluster
+    assert (flags.join, flags.resolver) == (("dns:a.test:1",), "10.96.0.10")
+
+
 def test_semaphores_replace_the_entries_they_name_and_keep_the_others():
     one_line = configured([], {"SLUICEGATE_SEMAPHORES": "A = 2, C = { max = 3, level = 2 }"})
     assert one_line.semaphores == {
@@ -114,6 +129,21 @@ def test_rate_limits_from_a_variable():
         ([], {"SLUICEGATE_SEMAPHORES": "A = = 1"}, "SLUICEGATE_SEMAPHORES: not the body of a"),
         (["--semaphores", "A = 'x'"], {}, "--semaphores: semaphores.A must be an integer"),
         ([], {"SLUICEGATE_RATE_LIMITS": "x = 1"}, "SLUICEGATE_RATE_LIMITS: rate_limits.x must"),
+        (
+            ["--join", "a:1,dns:peers"],
+            {},
+            "--join: cluster.join: 'dns:peers' is not dns:NAME:PORT",
+        ),
+        (
+            [],
+            {"SLUICEGATE_CLUSTER_JOIN": "dns:10.0.0.1:8000"},
+            "SLUICEGATE_CLUSTER_JOIN: cluster.join: 'dns:10.0.0.1:8000' names an address",
+        ),
+        (
+            [],
+            {"SLUICEGATE_CLUSTER_RESOLVER": "dns.google:53"},
+            "SLUICEGATE_CLUSTER_RESOLVER: cluster.resolver: 'dns.google:53' is not a DNS server",
+        ),
     ],
 )
 def test_a_mistake_names_the_flag_or_variable_it_came_from(argv, environ, said):
