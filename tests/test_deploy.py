@@ -21,6 +21,7 @@ from sluicegate.node.cli import parse_args
 from sluicegate.node.config import parse_config
 from sluicegate.node.settings import apply, given
 
+from .dns_server import DnsServer, loopback_port
 from .nodes import is_ready, wait_healthy, wait_until
 from .test_node_process import free_port
 
@@ -130,6 +131,20 @@ def test_the_image_listens_where_the_manifests_and_probes_look():
     parse_config(configmap["data"]["throttle.toml"], "configmap")
 
 
+def test_the_pods_find_each_other_by_the_headless_services_name():
+    (statefulset,) = kind("StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    env = {variable["name"]: variable for variable in container["env"]}
+    (port,) = [port["containerPort"] for port in container["ports"]]
+    service = statefulset["spec"]["serviceName"]
+    assert env["SLUICEGATE_CLUSTER_JOIN"]["value"] == f"dns:{service}:{port}"
+    # The name answers pod IPs: a node skips its own among them only if it advertises it.
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["SLUICEGATE_CLUSTER_ADVERTISE"]["value"] == f"$(POD_IP):{port}"
+    names = [variable["name"] for variable in container["env"]]
+    assert names.index("POD_IP") < names.index("SLUICEGATE_CLUSTER_ADVERTISE")
+
+
 def test_compose_gives_each_node_an_id_and_an_address_the_others_join():
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     nodes = {name: s for name, s in compose["services"].items() if s.get("image") == "sluicegate"}
@@ -228,8 +243,9 @@ def test_the_image_runs_its_entrypoint_with_its_variables_and_its_health_check(t
 
 
 def test_the_statefulsets_settings_make_a_cluster(tmp_path):
-    """Three pods as three processes: the StatefulSet's variables, with each pod's DNS name
-    mapped to a loopback port, and the ConfigMap's file in the working directory."""
+    """Three pods as three processes, each on a loopback address of its own as its pod IP and
+    all on one port as in the pods, with the StatefulSet's variables, the headless Service's name
+    answered by a DNS server of our own, and the ConfigMap's file in the working directory."""
     (statefulset,) = kind("StatefulSet")
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     (configmap,) = kind("ConfigMap")
@@ -238,40 +254,48 @@ def test_the_statefulsets_settings_make_a_cluster(tmp_path):
     pods = [
         f"{statefulset['metadata']['name']}-{i}" for i in range(statefulset["spec"]["replicas"])
     ]
-    ports = {pod: free_port() for pod in pods}
-    domain = statefulset["spec"]["serviceName"]
+    pod_ips = {pod: f"127.0.0.{i + 2}" for i, pod in enumerate(pods)}
+    port = loopback_port(list(pod_ips.values()))
+    (container_port,) = [p["containerPort"] for p in container["ports"]]
     processes = []
-    try:
-        for pod in pods:
-            env = dict(os.environ, SLUICEGATE_ADDRESS="127.0.0.1", SLUICEGATE_PORT=str(ports[pod]))
-            for variable in container["env"]:
-                if "value" in variable:
-                    value = variable["value"].replace("$(POD_NAME)", pod)
-                elif "fieldRef" in variable["valueFrom"]:
-                    value = pod
-                else:
-                    value = "a-cluster-secret-of-32-characters"
-                for other, port in ports.items():
-                    value = value.replace(f"{other}.{domain}:8000", f"127.0.0.1:{port}")
-                env[variable["name"]] = value
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "sluicegate.node"],
-                    cwd=workdir,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+    with DnsServer() as dns:
+        dns.answer(statefulset["spec"]["serviceName"], list(pod_ips.values()))
+        try:
+            for pod in pods:
+                env = dict(
+                    os.environ,
+                    SLUICEGATE_ADDRESS=pod_ips[pod],
+                    SLUICEGATE_PORT=str(port),
+                    SLUICEGATE_CLUSTER_RESOLVER=dns.address,  # in place of the cluster's DNS
                 )
-            )
-        urls = [f"http://127.0.0.1:{ports[pod]}" for pod in pods]
-        wait_until(lambda: all(is_ready(url) for url in urls), 30, "every pod ready")
-        with urllib.request.urlopen(f"{urls[1]}/remainder?semaphore=A", timeout=5) as answer:
-            assert answer.read() == b"42"
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+                fields = {"metadata.name": pod, "status.podIP": pod_ips[pod]}
+                for variable in container["env"]:
+                    if "value" in variable:
+                        value = variable["value"]
+                        value = value.replace("$(POD_NAME)", pod).replace("$(POD_IP)", pod_ips[pod])
+                    elif "fieldRef" in variable["valueFrom"]:
+                        value = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+                    else:
+                        value = "a-cluster-secret-of-32-characters"
+                    env[variable["name"]] = value.replace(f":{container_port}", f":{port}")
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "sluicegate.node"],
+                        cwd=workdir,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+            urls = [f"http://{pod_ips[pod]}:{port}" for pod in pods]
+            wait_until(lambda: all(is_ready(url) for url in urls), 30, "every pod ready")
+            with urllib.request.urlopen(f"{urls[1]}/remainder?semaphore=A", timeout=5) as answer:
+                assert answer.read() == b"42"
+        finally:
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+            for process in processes:
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
