@@ -33,6 +33,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
+from .cluster_status import members_status
 from .config import whole_number
 from .latencies import OTHER, Latencies
 from .logs import clip
@@ -206,6 +207,14 @@ def _count(text: str) -> int:
     return count
 
 
+def _yes_or_no(text: str) -> bool:
+    if text in ("1", "true"):
+        return True
+    if text in ("0", "false"):
+        return False
+    raise serde.ShapeError(f"expected 1, true, 0 or false, not {clip(text)!r}")
+
+
 def _query(request: Request, fields: dict, required=()) -> dict:
     try:
         return serde.parse_query(request.query, fields, required)
@@ -277,8 +286,10 @@ class ThrottleApi:
         return Response(200, _FAVICON, "image/x-icon")
 
     async def status(self, request: Request) -> Response:
-        """Ours: this node, its members and the semaphores it owns, as JSON for `sluicegate`
-        (node/admin.py)."""
+        """Ours: this node, its members, the semaphores it owns and its rate limiters, as JSON
+        for `sluicegate` (node/admin.py) and the status page. `?all=1` adds `member_status`:
+        every other up member's own answer, or why there is none (node/cluster_status.py)."""
+        query = _query(request, {"all": _yes_or_no})
         stats = await self.semaphores.stats()
         body = {
             "version": VERSION,
@@ -293,7 +304,12 @@ class ThrottleApi:
                 }
                 for s in stats
             ],
+            "rate_limiters": self.rate_limits.status(),
         }
+        if query.get("all"):
+            body["member_status"] = (
+                await members_status(body["members"], body["node"]) if body["cluster"] else []
+            )
         return json_response(body)
 
     async def metrics(self, request: Request) -> Response:

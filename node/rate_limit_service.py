@@ -145,6 +145,20 @@ class RateLimitService:
             return self.checks_here(op)
         return await self._wait_here(op)
 
+    def status(self) -> list[dict]:
+        """What `GET /status.json` says of each limiter: its mode, the checks and waits this node
+        decided (go or sorry, since it started) and the callers queued here now."""
+        return [
+            {
+                "name": name,
+                "mode": self.core.mode(name),
+                "go": self.core.stats[name].go,
+                "sorry": self.core.stats[name].sorry,
+                "waiting": self.waiting[name],
+            }
+            for name in self.core.names
+        ]
+
     def receive(self, message: RateEvents) -> None:
         """Another node's "go" events (gossip mode)."""
         self.core.receive(message, self._clock())

@@ -1,0 +1,88 @@
+"""Every other up member's own `GET /status.json`, asked by this node for `?all=1`.
+
+The status page (node/static/status.html) shows the whole cluster, but each member answers only
+for what it holds itself: its share of the slots, the semaphores it owns, the rate-limit checks it
+decided. A browser reaches the node it talks to, and not always the others (their advertised
+addresses may be inside a private network), so this node asks them over HTTP, all at once, each
+within `MEMBER_TIMEOUT`: a member that does not answer in time is named with the reason, and the
+page is as slow as that bound, never slower. Members this node believes down are not asked.
+"""
+
+from __future__ import annotations
+
+import json
+
+import h11
+import trio
+
+# How long one member may take to answer before it is reported as not answering.
+MEMBER_TIMEOUT = 2.0
+# The largest answer read from a member (its status lists every semaphore it owns).
+MOST = 4 * 1024 * 1024
+
+
+class NoAnswer(Exception):
+    """A member's status could not be had; the message says why."""
+
+
+async def get_json(address: str, path: str, timeout: float, most: int = MOST) -> object:
+    """GET `path` from `address` (host:port) over HTTP/1.1, within `timeout`: the JSON of a
+    200 answer; `NoAnswer` otherwise."""
+    host, _, port = address.rpartition(":")
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+            async with stream:
+                return json.loads(await _exchange(stream, address, path, most))
+    except trio.TooSlowError:
+        raise NoAnswer(f"no answer within {timeout:g} s") from None
+    except (OSError, ValueError, h11.ProtocolError) as error:
+        raise NoAnswer(str(error) or type(error).__name__) from None
+
+
+async def _exchange(stream: trio.SocketStream, address: str, path: str, most: int) -> bytes:
+    connection = h11.Connection(h11.CLIENT)
+    request = h11.Request(
+        method="GET", target=path, headers=[("host", address), ("connection", "close")]
+    )
+    await stream.send_all(connection.send(request) + connection.send(h11.EndOfMessage()))
+    status, body = 0, bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > most:
+                raise NoAnswer(f"answer larger than {most} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            if status != 200:
+                raise NoAnswer(f"HTTP {status}: {bytes(body[:200]).decode(errors='replace')}")
+            return bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise NoAnswer("connection closed before the answer ended")
+
+
+async def members_status(
+    members: list[dict], me: str, timeout: float = MEMBER_TIMEOUT
+) -> list[dict]:
+    """For every member of `members` (`MembershipActor.report` rows) that is up, other than
+    `me`, by id: `{"id", "status"}` with its answer, or `{"id", "error"}` saying why there is
+    none."""
+    asked = sorted(m["id"] for m in members if m["state"] == "up" and m["id"] != me)
+    address = {m["id"]: m["address"] for m in members}
+    found: dict[str, dict] = {}
+
+    async def ask(node_id: str) -> None:
+        try:
+            answer = await get_json(address[node_id], "/status.json", timeout)
+            found[node_id] = {"id": node_id, "status": answer}
+        except NoAnswer as error:
+            found[node_id] = {"id": node_id, "error": str(error)}
+
+    async with trio.open_nursery() as nursery:
+        for node_id in asked:
+            nursery.start_soon(ask, node_id)
+    return [found[node_id] for node_id in asked]
