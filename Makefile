@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the package metadata changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test deep lint bench clean haproxy redis cluster
+.PHONY: run test deep lint bench clean haproxy redis cluster chromium
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ run: $(INSTALLED)
 cluster: $(INSTALLED) haproxy
 	$(BIN)/python deploy/local_cluster.py
 
-test: $(INSTALLED) haproxy
+test: $(INSTALLED) haproxy chromium
 	$(BIN)/python -m pytest
 
 # deep: a long simulation sweep (about three hours on 2 cores): 3,000 seeds of three nodes and 1,000
@@ -42,6 +42,17 @@ haproxy:
 	  echo "Installing haproxy (Debian package)"; \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+
+# tests/test_status_page.py opens the status page in headless Chromium and fails without it in CI
+# (it skips elsewhere): install Debian's package if it is missing (as root, else through sudo).
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "chromium is missing; installing it needs root or sudo: apt-get install chromium" >&2; \
+	    exit 1; fi; \
+	  echo "Installing chromium (Debian package)"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

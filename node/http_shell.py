@@ -7,9 +7,11 @@ The contract this file keeps is THROTTLE_API.md in the team's shared documents.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -62,6 +64,25 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     VERSION = "0.0.0"
 
 _FAVICON = resources.files("sluicegate.node").joinpath("static/favicon.ico").read_bytes()
+_STATUS_PAGE = resources.files("sluicegate.node").joinpath("static/status.html").read_bytes()
+
+
+def _inline_hashes(page: bytes, tag: bytes) -> str:
+    """The CSP sources that let `page`'s own inline `<tag>` elements in, by their SHA-256 (worked
+    out here, so the page is edited without touching its policy)."""
+    return " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(body).digest()).decode()}'"
+        for body in re.findall(rb"<" + tag + rb">(.*?)</" + tag + rb">", page, re.DOTALL)
+    )
+
+
+# The page may run only its own inline script and style, and talk only to this node: nothing
+# a name in the data could smuggle in would load or run.
+_STATUS_PAGE_POLICY = (
+    f"default-src 'none'; script-src {_inline_hashes(_STATUS_PAGE, b'script')}; "
+    f"style-src {_inline_hashes(_STATUS_PAGE, b'style')}; connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+).encode()
 
 
 @dataclass
@@ -312,6 +333,16 @@ class ThrottleApi:
             )
         return json_response(body)
 
+    async def status_page(self, request: Request) -> Response:
+        """Ours: the status page for people (node/static/status.html), which polls
+        `/status.json?all=1`."""
+        headers = [
+            (b"content-security-policy", _STATUS_PAGE_POLICY),
+            (b"x-content-type-options", b"nosniff"),
+            (b"cache-control", b"no-cache"),
+        ]
+        return Response(200, _STATUS_PAGE, HTML, headers)
+
     async def metrics(self, request: Request) -> Response:
         throttle = render_throttle_metrics(await self.semaphores.stats())
         return text(throttle + self.extra_metrics())
@@ -476,6 +507,7 @@ class Router:
             b"/version": {"GET": api.version},
             b"/favicon.ico": {"GET": api.favicon},
             b"/metrics": {"GET": api.metrics},
+            b"/status": {"GET": api.status_page},
             b"/status.json": {"GET": api.status},
             b"/new_peer": {"POST": api.new_peer},
             b"/peers/": {"GET": api.list_peers},
