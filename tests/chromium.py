@@ -63,6 +63,8 @@ class ChromiumProcess:
 
     def start(self) -> ChromiumProcess:
         self.profile.mkdir(parents=True, exist_ok=True)
+        active = self.profile / "DevToolsActivePort"
+        active.unlink(missing_ok=True)  # an earlier browser's port, in a profile used again
         with open(self._log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [BINARY, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
@@ -71,7 +73,6 @@ class ChromiumProcess:
                 stderr=log,
                 start_new_session=True,
             )
-        active = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             lines = active.read_text().split() if active.exists() else []
@@ -154,9 +155,15 @@ class Page:
             self.events.append(f"console.{params['type']}: {' '.join(texts)}")
 
     async def navigate(self, url: str) -> None:
+        """Open `url` and wait until it has loaded (Page.navigate answers once it has started)."""
         answer = await self.call("Page.navigate", url=url)
         if answer.get("errorText"):
             raise DevToolsError(f"cannot open {url}: {answer['errorText']}")
+        await self.wait_for(
+            f"location.href === {json.dumps(url)} && document.readyState === 'complete'",
+            CALL_TIMEOUT,
+            f"{url} loaded",
+        )
 
     async def evaluate(self, expression: str) -> object:
         """The value of a JavaScript expression in the page (JSON-able values only)."""
