@@ -6,6 +6,10 @@ decided. A browser reaches the node it talks to, and not always the others (thei
 addresses may be inside a private network), so this node asks them over HTTP, all at once, each
 within `MEMBER_TIMEOUT`: a member that does not answer in time is named with the reason, and the
 page is as slow as that bound, never slower. Members this node believes down are not asked.
+
+Any client may ask, so what one answer costs is shared: requests that come while the members are
+being asked wait for that round, and an answer younger than `FRESH` is given again. However many
+pages are open, a node asks each member at most once a `FRESH`, one connection at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import trio
 MEMBER_TIMEOUT = 2.0
 # The largest answer read from a member (its status lists every semaphore it owns).
 MOST = 4 * 1024 * 1024
+# How long the members' answers are given again before they are asked anew.
+FRESH = 1.0
 
 
 class NoAnswer(Exception):
@@ -86,3 +92,21 @@ async def members_status(
         for node_id in asked:
             nursery.start_soon(ask, node_id)
     return [found[node_id] for node_id in asked]
+
+
+class MemberStatuses:
+    """`members_status`, asked at most once a `FRESH` and by one request at a time."""
+
+    def __init__(self, ask=members_status, fresh: float = FRESH) -> None:
+        self._ask = ask
+        self._fresh = fresh
+        self._lock = trio.Lock()
+        self._answer: list[dict] = []
+        self._asked_at = -float("inf")
+
+    async def get(self, members: list[dict], me: str) -> list[dict]:
+        async with self._lock:
+            if trio.current_time() >= self._asked_at + self._fresh:
+                self._answer = await self._ask(members, me)
+                self._asked_at = trio.current_time()
+            return self._answer

@@ -35,7 +35,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
-from .cluster_status import members_status
+from .cluster_status import MemberStatuses
 from .config import whole_number
 from .latencies import OTHER, Latencies
 from .logs import clip
@@ -287,6 +287,7 @@ class ThrottleApi:
         self.semaphores = semaphores
         self.rate_limits = rate_limits
         self.extra_metrics: Callable[[], str] = extra_metrics
+        self.member_statuses = MemberStatuses()
 
     async def index(self, request: Request) -> Response:
         return text("Hello from Throttle!")
@@ -329,7 +330,9 @@ class ThrottleApi:
         }
         if query.get("all"):
             body["member_status"] = (
-                await members_status(body["members"], body["node"]) if body["cluster"] else []
+                await self.member_statuses.get(body["members"], body["node"])
+                if body["cluster"]
+                else []
             )
         return json_response(body)
 
