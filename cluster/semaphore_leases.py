@@ -232,7 +232,12 @@ class SemaphoreLeases:
         `epoch` (a new era's: above every token of the eras before). Waiters keep their order;
         their waiting starts `now`."""
         for record in records:
-            old = self._semaphores[record.name]
+            old = self._semaphores.get(record.name)
+            if old is None:
+                # A semaphore another node defines and this one does not (members configured
+                # otherwise): its record stays on the acceptors as it was, for an owner that
+                # defines it.
+                continue
             self._in_grace.discard(record.name)
             sem = self._semaphores[record.name] = _Semaphore(
                 record.name, self._config[record.name], 0

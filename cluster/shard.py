@@ -359,6 +359,10 @@ class Shard:
 
     def _handle(self, sender: str, message: object, now: float) -> None:
         if isinstance(message, HomeToOwner):
+            if message.semaphore not in self._semaphore_slot:
+                # Defined at the home, not here: nodes configured otherwise (members drifted).
+                # Left unanswered, the lock waits until its owner defines the semaphore too.
+                return
             if self.serves_semaphore(message.semaphore, now):
                 self.owner.receive(sender, message, now)
             elif isinstance(message, LockRequest | LockRestore):

@@ -22,8 +22,16 @@ LEASE = 1.0
 
 
 class Shards:
-    def __init__(self, config: dict[str, SemaphoreConfig], ids: list[str], seed: int = 0):
+    def __init__(
+        self,
+        config: dict[str, SemaphoreConfig],
+        ids: list[str],
+        seed: int = 0,
+        configs: dict[str, dict[str, SemaphoreConfig]] | None = None,
+    ):
+        """`configs`: the semaphores of the nodes configured otherwise than with `config`."""
         self.config = config
+        self.configs = dict(configs or {})
         self.ids = list(ids)
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -49,7 +57,8 @@ class Shards:
             rng=random.Random(self.rng.getrandbits(32)),
             now=self.now,
         )
-        shard = Shard(node_id, self.config, ownership, random.Random(self.rng.getrandbits(32)))
+        config = self.configs.get(node_id, self.config)
+        shard = Shard(node_id, config, ownership, random.Random(self.rng.getrandbits(32)))
         self.nodes[node_id] = shard
         self.lives[node_id] = next(self._lives)
         for pair in [p for p in self.queues if node_id in p]:

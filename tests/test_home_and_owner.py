@@ -18,7 +18,13 @@ from sluicegate.cluster.errors import (
     UnknownSemaphore,
 )
 from sluicegate.cluster.peers import AskOwner, PeerTable
-from sluicegate.cluster.semaphore_leases import LockGranted, SemaphoreConfig, SemaphoreLeases
+from sluicegate.cluster.semaphore_leases import (
+    LockGranted,
+    LockRecord,
+    SemaphoreConfig,
+    SemaphoreLeases,
+    SemaphoreRecord,
+)
 from sluicegate.cluster.semaphores import SemaphoreCore
 
 CONFIG = {"A": SemaphoreConfig(2, level=0), "B": SemaphoreConfig(1, level=1)}
@@ -297,3 +303,14 @@ def test_a_table_drops_the_peers_of_one_group_without_looking_at_the_others():
     assert set(gone) == {p for p in peers[1:] if p % 3 == group}
     assert all(table.has_peer(p) == (p % 3 != group) for p in peers[1:])
     assert table.drop(group) == []
+
+
+def test_an_owner_takes_on_no_record_of_a_semaphore_it_does_not_define():
+    # Written by an owner configured otherwise: the record stays on the acceptors, untouched.
+    leases = SemaphoreLeases({"A": SemaphoreConfig(2)})
+    records = [
+        SemaphoreRecord("X", 7, [LockRecord(1, 1, 1, 6)], []),
+        SemaphoreRecord("A", 5, [LockRecord(2, 1, 1, 4)], []),
+    ]
+    leases.load(records, now=0.0, epoch=0)
+    assert leases.remainder("A") == 1

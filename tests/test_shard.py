@@ -4,6 +4,7 @@ tests/shards.py: the home and owner rules on top of slot ownership, without trio
 from __future__ import annotations
 
 from sluicegate.cluster.errors import NotServing, StaleOperation, UnknownPeer
+from sluicegate.cluster.home import DECISION_TIMEOUT
 from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRestore
 from sluicegate.cluster.peers import EXPIRE_CHUNK
 from sluicegate.cluster.ring import peer_key, semaphore_key
@@ -244,6 +245,20 @@ def test_a_heartbeat_is_not_held_behind_a_release_its_owner_has_not_confirmed():
     cluster.release(home, owner(cluster, "B"))
     cluster.settle()
     assert cluster.answers.pop(release).error is None
+
+
+def test_a_lock_on_a_semaphore_its_owner_does_not_define_waits_and_harms_nothing():
+    # Nodes configured otherwise (a rolling change half done): the owner of X's slot lacks X.
+    with_x = {**CONFIG, "X": SemaphoreConfig(2)}
+    lacking = owner(Shards(with_x, NODES), "X")
+    cluster = Shards(with_x, NODES, configs={lacking: CONFIG})
+    home = next(n for n in NODES if n != lacking)
+    peer = new_peer(cluster, home=home)
+    request_id = cluster.submit(home, Acquire(peer, "X", 1))
+    cluster.run(DECISION_TIMEOUT + 1.0)
+    assert cluster.answers.pop(request_id).result.acquired is False
+    other = new_peer(cluster, home=home)
+    assert granted(cluster.call(Acquire(other, "A", 1)))  # and the others are served
 
 
 def test_peers_due_together_expire_a_chunk_a_step_and_one_named_first():
