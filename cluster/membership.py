@@ -8,6 +8,11 @@ keeps whichever entry has the larger (generation, heartbeat). An entry that stop
 clock. A node leaving gracefully gossips its entry once more with `left` set, which spreads like any
 newer entry and takes the member out at once instead of after the timeout.
 
+An entry also carries a digest of the node's definitions (its semaphores and rate limiters), so
+that every node learns which live members were configured otherwise than itself
+(`drifted_members`): each decides by its own definitions, and a cluster that disagrees answers
+differently depending on who decides.
+
 Pure: `now` and the random source come in as arguments; messages to send come out as values.
 """
 
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEFAULT_DOWN_AFTER = 3.0
 DEFAULT_FANOUT = 3
@@ -30,6 +35,8 @@ class MemberState:
     generation: int
     heartbeat: int
     left: bool = False
+    # A digest of the node's semaphore and rate-limit definitions (node/config.py).
+    definitions: str = ""
 
     @property
     def version(self) -> tuple[int, int, bool]:
@@ -80,11 +87,12 @@ class Membership:
         *,
         down_after: float = DEFAULT_DOWN_AFTER,
         fanout: int = DEFAULT_FANOUT,
+        definitions: str = "",
     ) -> None:
         self.node_id = node_id
         self.down_after = down_after
         self.fanout = fanout
-        self._me = MemberState(node_id, address, generation, 0)
+        self._me = MemberState(node_id, address, generation, 0, definitions=definitions)
         self._listed_seeds = [seed for seed in dict.fromkeys(seeds) if seed != address]
         self._seeds = self._listed_seeds
         self._others: dict[str, _Entry] = {}
@@ -117,6 +125,15 @@ class Membership:
         """The other members that said goodbye (and have not come back since)."""
         return {node_id for node_id, e in self._others.items() if e.state.left}
 
+    def drifted_members(self) -> set[str]:
+        """The live members whose definitions differ from this node's."""
+        mine = self._me.definitions
+        return {
+            node_id
+            for node_id, entry in self._others.items()
+            if entry.alive and entry.state.definitions != mine
+        }
+
     def state_of(self, node_id: str) -> MemberState | None:
         if node_id == self.node_id:
             return self._me
@@ -139,7 +156,7 @@ class Membership:
         if self._me.left:
             return []
         me = self._me
-        self._me = MemberState(me.node_id, me.address, me.generation, me.heartbeat + 1)
+        self._me = replace(me, heartbeat=me.heartbeat + 1)
         for node_id, entry in sorted(self._others.items()):
             if entry.alive and now - entry.changed_at > self.down_after:
                 entry.alive = False
@@ -197,7 +214,7 @@ class Membership:
     def leave(self) -> list[tuple[str, Gossip]]:
         """Say goodbye: the final gossip, to every member believed alive."""
         me = self._me
-        self._me = MemberState(me.node_id, me.address, me.generation, me.heartbeat + 1, left=True)
+        self._me = replace(me, heartbeat=me.heartbeat + 1, left=True)
         gossip = self._gossip()
         return [(e.state.address, gossip) for _, e in sorted(self._others.items()) if e.alive]
 

@@ -61,11 +61,21 @@ def status(url: str, as_json: bool) -> int:
         print(f"in cold-start grace: {', '.join(node['semaphores_in_grace'])}")
     print()
     link = {None: "(this node)", True: "up", False: "down"}
+    mine = node["members"][0]["definitions"]
     rows = [
-        [m["id"], m["address"], m["generation"], m["state"], m["gossip_lag"], link[m["link"]]]
+        [
+            m["id"],
+            m["address"],
+            m["generation"],
+            m["state"],
+            m["gossip_lag"],
+            m["definitions"] if m["definitions"] == mine else f"{m['definitions']} (differ)",
+            link[m["link"]],
+        ]
         for m in node["members"]
     ]
-    print(table(["MEMBER", "ADDRESS", "LIFE", "STATE", "GOSSIP LAG (s)", "LINK"], rows))
+    headers = ["MEMBER", "ADDRESS", "LIFE", "STATE", "GOSSIP LAG (s)", "DEFINITIONS", "LINK"]
+    print(table(headers, rows))
     return 0
 
 

@@ -60,6 +60,8 @@ request_size = 1048576            # bytes of an HTTP request body
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -115,6 +117,21 @@ class NodeConfig:
     log_level: str | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     limits: Limits = field(default_factory=Limits)
+
+
+def definitions_digest(config: NodeConfig) -> str:
+    """A digest of what decides answers: every semaphore (max, level) and rate limiter
+    (algorithm, limit, rate, window, mode), by name. Nodes gossip it to find members configured
+    otherwise (docs: README, "Changing semaphores and rate limits")."""
+    definitions = {
+        "semaphores": {name: [s.max, s.level] for name, s in config.semaphores.items()},
+        "rate_limits": {
+            name: [r.algorithm, r.limit, r.rate, r.window, r.mode]
+            for name, r in config.rate_limits.items()
+        },
+    }
+    text = json.dumps(definitions, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def parse_config(text: str, source: str = "<config>") -> NodeConfig:

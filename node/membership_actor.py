@@ -30,6 +30,8 @@ GOODBYE_FLUSH = 0.3
 # How often, while members it counts for the quorum are down, a node names them (a member
 # replaced under a new id stays counted, and the cluster may have lost its majority for it).
 DOWN_REMINDER = 60.0
+# How often, while live members are configured otherwise than this node, it names them.
+DRIFT_REMINDER = 60.0
 
 
 class MembershipActor:
@@ -57,6 +59,8 @@ class MembershipActor:
         self._dialing: dict[str, tuple[str, trio.CancelScope]] = {}
         self._introducing: set[str] = set()
         self._reminded_at = -math.inf
+        self._drifted: set[str] = set()
+        self._drift_told_at = -math.inf
         self._nursery: trio.Nursery | None = None
         self.ring = Ring(membership.live_members())
 
@@ -99,6 +103,10 @@ class MembershipActor:
         """Members counted for the quorum that this node believes down (silent, not left)."""
         return self._membership.known_members() - set(self._membership.live_members())
 
+    def drifted_members(self) -> set[str]:
+        """Live members whose semaphore and rate-limit definitions differ from this node's."""
+        return self._membership.drifted_members()
+
     def generations(self) -> dict[str, int]:
         """Each live member's generation: a new one means it restarted and lost its memory."""
         members = {}
@@ -130,6 +138,7 @@ class MembershipActor:
                     "generation": state.generation,
                     "state": "left" if node_id in left else "up" if node_id in live else "down",
                     "gossip_lag": None if advanced is None else round(now - advanced, 3),
+                    "definitions": state.definitions,
                     "link": None if node_id == self.node_id else links.get(node_id, False),
                 }
             )
@@ -182,6 +191,7 @@ class MembershipActor:
         targets = self._membership.tick(now, self._rng)
         self._apply_events()
         self._remind_of_down_members(now)
+        self._tell_of_drift(now)
         linked = self._links.status()
         node_at = {address: node_id for node_id, address in self._known_addresses().items()}
         for address, gossip in targets:
@@ -206,6 +216,27 @@ class MembershipActor:
                 len(self._membership.known_members()),
                 ", ".join(sorted(down)),
             )
+
+    def _tell_of_drift(self, now: float) -> None:
+        drifted = self.drifted_members()
+        changed = drifted != self._drifted
+        self._drifted = drifted
+        if drifted and (changed or now >= self._drift_told_at + DRIFT_REMINDER):
+            self._drift_told_at = now
+            mine = self._membership.state_of(self.node_id).definitions
+            theirs = ", ".join(
+                f"{node_id} ({self._membership.state_of(node_id).definitions})"
+                for node_id in sorted(drifted)
+            )
+            log.warning(
+                "Members configured with other semaphores or rate limiters than this node "
+                "(definitions %s here): %s. Each node decides by its own; finish the change on "
+                "every node.",
+                mine,
+                theirs,
+            )
+        elif changed:
+            log.info("Every live member has this node's definitions again.")
 
     async def _introduce(self, address: str, gossip: Gossip) -> None:
         try:

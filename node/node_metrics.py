@@ -109,6 +109,11 @@ class ClusterCollector(Collector):
             "count until they come back.",
             value=len(self._membership.down_members()),
         )
+        yield GaugeMetricFamily(
+            "sluicegate_members_drifted",
+            "Live members whose semaphore and rate-limit definitions differ from this node's.",
+            value=len(self._membership.drifted_members()),
+        )
         shard = self._service.shard_actor.shard
         ownership = shard.ownership
         yield GaugeMetricFamily(

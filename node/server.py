@@ -23,7 +23,7 @@ from sluicegate.cluster.slots import takeover_bound
 
 from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
-from .config import NodeConfig
+from .config import NodeConfig, definitions_digest
 from .dns_discovery import DnsDiscovery, dns_resolver
 from .latencies import LatencyCollector
 from .link_codec import LINK_CODEC
@@ -230,6 +230,7 @@ async def join_cluster(
         generation,
         [entry for entry in cluster.join if not is_dns_entry(entry)],
         down_after=cluster.down_after,
+        definitions=definitions_digest(config),
     )
     membership_actor = MembershipActor(
         membership,

@@ -78,9 +78,9 @@ def test_arbitrary_msgpack_values_are_rejected_cleanly(value):
         ([[3, "x", "A", 1, None, None, None]], "Acquire.peer_id: expected int, got str"),
         ([[3, True, "A", 1, None, None, None]], "Acquire.peer_id: expected int, got bool"),
         ([[4, 1, 60.0, {"A": "x"}, None]], "Restore.acquired[]: expected int, got str"),
-        ([[1, "n1", [[2, "n1", "a", 1, "2", False]]]], "MemberState.heartbeat: expected int"),
+        ([[1, "n1", [[2, "n1", "a", 1, "2", False, ""]]]], "MemberState.heartbeat: expected int"),
         ([[1, "n1", [[3, 1, "A", 1, None, None, False]]]], "expected MemberState, got Acquire"),
-        ([[1, "n1", [[2, "n1", "a", 1]]]], "MemberState takes 5 fields, got 3"),
+        ([[1, "n1", [[2, "n1", "a", 1]]]], "MemberState takes 6 fields, got 3"),
     ],
 )
 def test_malformed_messages_say_what_is_wrong(value, message):
