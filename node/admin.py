@@ -3,9 +3,12 @@
     sluicegate status [--url URL] [--json]        the node's members, its slots, ready or not
     sluicegate semaphores [--url URL] [--json]    holders and waiters of every semaphore
     sluicegate peers [--url URL] [--limit N]      the peers the cluster knows
+    sluicegate drain NODE [--url URL]             a graceful leave of NODE, followed until done
 
 `--url` defaults to `SLUICEGATE_URL`, else http://127.0.0.1:8000. Each member answers for the
-semaphores it owns (`GET /status.json`), so `semaphores` asks every member that is up.
+semaphores it owns (`GET /status.json`), so `semaphores` asks every member that is up. `drain`
+proves the cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file` or
+`SLUICEGATE_CLUSTER_SECRET_FILE` names) without sending it (node/drain.py).
 """
 
 from __future__ import annotations
@@ -14,10 +17,16 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+from .drain import authorization
 
 TIMEOUT = 5.0
+# How often `drain` looks at how far the node got.
+DRAIN_POLL = 0.2
 
 
 class Unreachable(Exception):
@@ -118,6 +127,71 @@ def peers(url: str, limit: int | None, as_json: bool) -> int:
     return 0
 
 
+def drain(url: str, node_id: str, secret: bytes, timeout: float) -> int:
+    """Ask `node_id` for a graceful leave, then print its progress until it has left."""
+    node = fetch(f"{url}/status.json")
+    members = {m["id"]: m for m in node["members"]}
+    member = members.get(node_id)
+    if member is None:
+        print(f"sluicegate: {url} knows no member {node_id!r}", file=sys.stderr)
+        return 1
+    if member["state"] != "up":
+        print(
+            f"sluicegate: {node_id} is {member['state']}, not up: nothing to drain", file=sys.stderr
+        )
+        return 1
+    stays = [m for m in node["members"] if m["id"] != node_id and m["state"] == "up"]
+    if not stays:
+        print(
+            f"sluicegate: no other member of {node_id}'s is up to take its slots", file=sys.stderr
+        )
+        return 1
+    address = f"http://{member['address']}"
+    request = urllib.request.Request(f"{address}/drain", data=b"", method="POST")
+    request.add_header("Authorization", authorization(secret, node_id, int(time.time())))
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+            print(answer.read().decode(errors="replace"), flush=True)
+    except urllib.error.HTTPError as error:
+        print(f"sluicegate: {node_id} refused: {error.read().decode(errors='replace')[:300]}")
+        return 1
+    except OSError as error:
+        raise Unreachable(f"{address}/drain: {error}") from None
+    watcher = f"http://{stays[0]['address']}"
+    deadline = time.monotonic() + timeout
+    said = None
+    while time.monotonic() < deadline:
+        try:
+            acting = fetch(f"{address}/status.json")["slots_acting"]
+        except Unreachable:
+            acting = None
+        try:
+            seen = {m["id"]: m["state"] for m in fetch(f"{watcher}/status.json")["members"]}
+            state = seen.get(node_id, "unknown")
+        except Unreachable:
+            state = f"unknown ({stays[0]['id']} does not answer)"
+        line = f"{node_id}: {state} at {stays[0]['id']}, " + (
+            "stopped" if acting is None else f"acting for {acting} slots"
+        )
+        if line != said:
+            print(line, flush=True)
+            said = line
+        if state == "left" and acting is None:
+            print(f"{node_id} has left, and its slots are with the others.")
+            return 0
+        time.sleep(DRAIN_POLL)
+    print(f"sluicegate: {node_id} had not left after {timeout:g} s", file=sys.stderr)
+    return 1
+
+
+def secret_from(path: str | None) -> bytes | None:
+    path = path or os.environ.get("SLUICEGATE_CLUSTER_SECRET_FILE")
+    if path:
+        return Path(path).read_text(encoding="utf-8").strip().encode()
+    secret = os.environ.get("SLUICEGATE_CLUSTER_SECRET")
+    return secret.encode() if secret else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluicegate", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -131,9 +205,27 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("semaphores", help="holders and waiters of every semaphore")
     listing = commands.add_parser("peers", help="the peers the cluster knows")
     listing.add_argument("--limit", type=int, help="list at most this many")
+    leave = commands.add_parser("drain", help="a graceful leave of a member, followed until done")
+    leave.add_argument("node", help="the member's id")
+    leave.add_argument(
+        "--secret-file",
+        help="the cluster secret's file (default: SLUICEGATE_CLUSTER_SECRET_FILE, else the "
+        "secret in SLUICEGATE_CLUSTER_SECRET)",
+    )
+    leave.add_argument("--timeout", type=float, default=30.0, help="seconds to follow it")
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
     try:
+        if args.command == "drain":
+            try:
+                secret = secret_from(args.secret_file)
+            except (OSError, UnicodeDecodeError) as error:
+                print(f"sluicegate: cannot read the secret: {error}", file=sys.stderr)
+                return 2
+            if not secret:
+                print("sluicegate: drain needs the cluster secret", file=sys.stderr)
+                return 2
+            return drain(url, args.node, secret, args.timeout)
         if args.command == "status":
             return status(url, args.json)
         if args.command == "semaphores":

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -37,6 +38,7 @@ from sluicegate.cluster.semaphore_ops import (
 from . import serde_compat as serde
 from .cluster_status import MemberStatuses
 from .config import whole_number
+from .drain import Drain, refusal
 from .latencies import OTHER, Latencies
 from .logs import clip
 from .rate_limit_service import RateLimitService
@@ -288,6 +290,8 @@ class ThrottleApi:
         self.rate_limits = rate_limits
         self.extra_metrics: Callable[[], str] = extra_metrics
         self.member_statuses = MemberStatuses()
+        # Set on a cluster node: what `POST /drain` needs (node/drain.py).
+        self.drain: Drain | None = None
 
     async def index(self, request: Request) -> Response:
         return text("Hello from Throttle!")
@@ -335,6 +339,34 @@ class ThrottleApi:
                 else []
             )
         return json_response(body)
+
+    async def drain_node(self, request: Request) -> Response:
+        """Ours: the graceful leave SIGTERM starts, asked by someone who proves the cluster
+        secret (node/drain.py, `sluicegate drain`)."""
+        drain = self.drain
+        if drain is None:
+            return text("Not a cluster node: stop it with SIGTERM", 409)
+        header = request.header(b"authorization")
+        why = refusal(
+            None if header is None else header.decode("latin-1"),
+            drain.secret,
+            drain.node_id,
+            time.time(),
+        )
+        if why is not None:
+            return text(why, 401)
+        keeps, live, counted = drain.majority_after()
+        if not keeps and not drain.asked.is_set():
+            return text(
+                f"Refused: {live - 1} live of {counted - 1} members counted would be left, no "
+                "majority, and the cluster would stop serving. Bring the members that are down "
+                "back first.",
+                409,
+            )
+        if not drain.asked.is_set():
+            log.info("Asked to drain %s: handing its slots on, then stopping.", drain.node_id)
+            drain.asked.set()
+        return text(f"Draining {drain.node_id}: its slots move to the others, then it stops.", 202)
 
     async def status_page(self, request: Request) -> Response:
         """Ours: the status page for people (node/static/status.html), which polls
@@ -512,6 +544,7 @@ class Router:
             b"/metrics": {"GET": api.metrics},
             b"/status": {"GET": api.status_page},
             b"/status.json": {"GET": api.status},
+            b"/drain": {"POST": api.drain_node},
             b"/new_peer": {"POST": api.new_peer},
             b"/peers/": {"GET": api.list_peers},
             b"/remainder": {"GET": api.remainder},

@@ -9,6 +9,7 @@ import resource
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -25,6 +26,7 @@ from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
 from .config import NodeConfig, definitions_digest
 from .dns_discovery import DnsDiscovery, dns_resolver
+from .drain import Drain
 from .latencies import LatencyCollector
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
@@ -99,6 +101,8 @@ async def run_node(
     stopping = trio.Event()
 
     cluster: tuple[MembershipActor, ClusterSemaphores] | None = None
+    # Set by `POST /drain` (node/drain.py): stop as on SIGTERM.
+    drain_asked = trio.Event()
 
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -106,16 +110,14 @@ async def run_node(
             # Said only now, so that whoever waits for this line can already stop us cleanly.
             if not config.semaphores:
                 log.warning("No semaphores configured.")
-            async for signum in signals:
-                log.info("Received %s, shutting down.", signal.Signals(signum).name)
-                await actor.stop_blocking()
-                if cluster is not None:
-                    membership, semaphores = cluster
-                    await semaphores.leave(timeout=HAND_ON_TIMEOUT)
-                    await rate_limits.leave(timeout=0.3)
-                    await membership.leave()
-                stopping.set()
-                return
+            log.info("%s, shutting down.", await _stop_asked(signals, drain_asked))
+            await actor.stop_blocking()
+            if cluster is not None:
+                membership, semaphores = cluster
+                await semaphores.leave(timeout=HAND_ON_TIMEOUT)
+                await rate_limits.leave(timeout=0.3)
+                await membership.leave()
+            stopping.set()
 
     rate_limits = RateLimitService(
         RateLimits(config.rate_limits, limits=limits),
@@ -153,7 +155,12 @@ async def run_node(
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
                 cluster = await nursery.start(
-                    join_cluster, app, rate_limits, metrics, config, address
+                    partial(join_cluster, drain_asked=drain_asked),
+                    app,
+                    rate_limits,
+                    metrics,
+                    config,
+                    address,
                 )
             log.info("Listening on %s", url)
             task_status.started(url)
@@ -161,6 +168,28 @@ async def run_node(
         actor.close()
         nursery.cancel_scope.cancel()
     log.info("Stopped.")
+
+
+async def _stop_asked(signals, drain_asked: trio.Event) -> str:
+    """Wait for SIGTERM or SIGINT, or a drain asked over HTTP; which it was."""
+    reason = ""
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            nonlocal reason
+            async for signum in signals:
+                reason = f"Received {signal.Signals(signum).name}"
+                nursery.cancel_scope.cancel()
+
+        async def on_drain() -> None:
+            nonlocal reason
+            await drain_asked.wait()
+            reason = "Asked to drain (POST /drain)"
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(on_signal)
+        nursery.start_soon(on_drain)
+    return reason
 
 
 async def join_cluster(
@@ -175,6 +204,7 @@ async def join_cluster(
     generation: int | None = None,
     epoch: Callable[[], int] = epoch_now,
     clock: Clock = TRIO_CLOCK,
+    drain_asked: trio.Event | None = None,
     task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores]],
 ) -> None:
     """Run membership, node links, ownership of slots and forwarding for this node, reachable
@@ -283,6 +313,8 @@ async def join_cluster(
     rate_limits.core.origin = node_id
     rate_limits.join_cluster(ownership, membership_actor, rpc, links)
     app.join_cluster(semaphores, links)
+    if drain_asked is not None:
+        app.throttle.drain = Drain(node_id, cluster.secret.encode(), membership_actor, drain_asked)
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:
         await nursery.start(shard_actor.run)

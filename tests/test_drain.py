@@ -1,0 +1,113 @@
+"""`sluicegate drain NODE` and `POST /drain`: a graceful leave asked from afar by someone who
+proves the cluster secret, refused when it would leave no majority, followed until done."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from sluicegate.node.drain import PROOF_WINDOW, authorization, leaves_a_majority, refusal
+
+from .nodes import NodeProcess, is_ready, wait_until
+
+SECRET = "drain-test-secret-0123456789"
+CONFIG = '[semaphores]\nA = 2\n[cluster]\ndown_after = "1s"\ngossip_interval = "200ms"\n'
+
+
+def test_a_proof_names_one_node_one_secret_and_a_time_window():
+    now = 1_800_000_000
+    header = authorization(SECRET.encode(), "n3", now)
+    assert refusal(header, SECRET.encode(), "n3", now + 5) is None
+    assert "does not match" in refusal(header, SECRET.encode(), "n2", now)
+    assert "does not match" in refusal(header, b"another-secret-0123456789", "n3", now)
+    assert "good for" in refusal(header, SECRET.encode(), "n3", now + PROOF_WINDOW + 1)
+    assert "needs the header" in refusal(None, SECRET.encode(), "n3", now)
+    assert "is not Sluicegate-HMAC" in refusal("Bearer x", SECRET.encode(), "n3", now)
+
+
+def test_a_drain_must_leave_a_majority_of_the_members_counted():
+    assert leaves_a_majority(live=3, counted=3)
+    assert not leaves_a_majority(live=2, counted=3)  # one down already: 1 of 2 left
+    assert leaves_a_majority(live=4, counted=5)
+    assert not leaves_a_majority(live=1, counted=1)
+
+
+def admin(url: str, *args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin"}
+    if secret is not None:
+        env["SLUICEGATE_CLUSTER_SECRET"] = secret
+    return subprocess.run(
+        [sys.executable, "-m", "sluicegate.node.admin", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def member_state(node: NodeProcess, node_id: str) -> str | None:
+    with urllib.request.urlopen(f"{node.url}/status.json", timeout=5) as answer:
+        members = json.loads(answer.read())["members"]
+    return next((m["state"] for m in members if m["id"] == node_id), None)
+
+
+def post_drain(node: NodeProcess, header: str | None) -> tuple[int, str]:
+    request = urllib.request.Request(f"{node.url}/drain", data=b"", method="POST")
+    if header is not None:
+        request.add_header("Authorization", header)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.mark.process
+def test_a_member_drained_hands_its_slots_on_and_stops_and_the_others_serve(tmp_path):
+    env = {"SLUICEGATE_CLUSTER_SECRET": SECRET}
+    first = NodeProcess(CONFIG, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=env)
+    nodes = [first.start()]
+    try:
+        join = ["--join", f"127.0.0.1:{first.port}"]
+        for name in ("n2", "n3"):
+            args = ["--node-id", name, *join]
+            nodes.append(NodeProcess(CONFIG, workdir=tmp_path / name, args=args, env=env).start())
+        wait_until(lambda: all(is_ready(n.url) for n in nodes), 20, "all ready")
+        n3 = nodes[2]
+        assert post_drain(n3, None)[0] == 401
+        wrong = authorization(b"not-the-cluster-secret-0123", "n3", int(time.time()))
+        assert post_drain(n3, wrong)[0] == 401
+        assert post_drain(n3, authorization(SECRET.encode(), "n2", int(time.time())))[0] == 401
+        refused = admin(nodes[0].url, "drain", "n3", secret=None)
+        assert refused.returncode == 2 and "needs the cluster secret" in refused.stderr
+        assert is_ready(n3.url)
+
+        done = admin(nodes[0].url, "drain", "n3")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Draining n3" in done.stdout
+        assert done.stdout.rstrip().endswith("n3 has left, and its slots are with the others.")
+        assert n3.wait(timeout=10) == 0
+        assert "Asked to drain (POST /drain), shutting down." in n3.log()
+        wait_until(lambda: all(is_ready(n.url) for n in nodes[:2]), 10, "n1 and n2 ready")
+        request = urllib.request.Request(
+            f"{nodes[0].url}/new_peer", data=b'{"expires_in": "60s"}', method="POST"
+        )
+        request.add_header("content-type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+
+        # Two members left, both live: draining one would leave 1 of 1, a majority; but with
+        # n2 killed, n1 alone is 1 of 2 counted, and draining it is refused.
+        nodes[1].kill()
+        wait_until(lambda: member_state(nodes[0], "n2") == "down", 15, "n1 counts n2 down")
+        status, body = post_drain(nodes[0], authorization(SECRET.encode(), "n1", int(time.time())))
+        assert status == 409 and "no majority" in body
+    finally:
+        for node in nodes:
+            node.kill()
