@@ -32,27 +32,26 @@ test: $(INSTALLED) haproxy chromium
 deep: $(INSTALLED)
 	$(BIN)/python -m simulations deep --jobs 2 $(DEEP_ARGS)
 
-# tests/test_haproxy.py runs deploy/haproxy.cfg and fails without HAProxy: install it from Debian
-# packages if it is missing (as root, else through sudo). Debian puts it in /usr/sbin. `run` needs none.
-haproxy:
-	@PATH="$$PATH:/usr/sbin:/usr/local/sbin"; command -v haproxy >/dev/null || { \
+# $(call debian,COMMAND,PACKAGE): install Debian's PACKAGE if COMMAND is not found (as root, else
+# through sudo). Debian puts some commands in /usr/sbin.
+define debian
+	@PATH="$$PATH:/usr/sbin:/usr/local/sbin"; command -v $(1) >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
-	    echo "haproxy is missing; installing it needs root or sudo: apt-get install haproxy" >&2; \
+	    echo "$(1) is missing; installing it needs root or sudo: apt-get install $(2)" >&2; \
 	    exit 1; fi; \
-	  echo "Installing haproxy (Debian package)"; \
+	  echo "Installing $(2) (Debian package)"; \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; }
+endef
 
-# tests/test_status_page.py opens the status page in headless Chromium and fails without it in CI
-# (it skips elsewhere): install Debian's package if it is missing (as root, else through sudo).
+# tests/test_haproxy.py runs deploy/haproxy.cfg and fails without HAProxy. `run` needs none.
+haproxy:
+	$(call debian,haproxy,haproxy)
+
+# tests/test_status_page.py opens the status page in headless Chromium, and fails without it in CI
+# (it skips elsewhere).
 chromium:
-	@test -x /usr/bin/chromium || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
-	    echo "chromium is missing; installing it needs root or sudo: apt-get install chromium" >&2; \
-	    exit 1; fi; \
-	  echo "Installing chromium (Debian package)"; \
-	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	$(call debian,/usr/bin/chromium,chromium)
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
@@ -71,13 +70,7 @@ bench: $(INSTALLED) redis
 # bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
 # a free loopback port). Installed as root, else through sudo. Tests do not need it.
 redis:
-	@command -v redis-server >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
-	    echo "redis-server is missing; installing it needs root or sudo: apt-get install redis-server" >&2; \
-	    exit 1; fi; \
-	  echo "Installing redis-server (Debian package)"; \
-	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	$(call debian,redis-server,redis-server)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info

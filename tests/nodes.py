@@ -12,6 +12,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 STARTUP_TIMEOUT = 20.0
@@ -193,3 +195,29 @@ def wait_until(predicate, timeout: float, what: str) -> float:
             raise AssertionError(f"not within {timeout}s: {what}")
         time.sleep(0.05)
     return time.monotonic() - started
+
+
+@contextmanager
+def cluster_of(
+    workdir: Path,
+    config: str,
+    env: Mapping[str, str],
+    ids: tuple[str, ...] = ("n1", "n2", "n3"),
+    configs: Mapping[str, str] | None = None,
+    ready_within: float = 20.0,
+) -> Iterator[list[NodeProcess]]:
+    """Nodes `ids`, the first the seed of the others, each with `config` (or its own of
+    `configs`), all ready; killed when the block ends."""
+    nodes: list[NodeProcess] = []
+    try:
+        for node_id in ids:
+            join = ["--join", f"127.0.0.1:{nodes[0].port}"] if nodes else []
+            text = (configs or {}).get(node_id, config)
+            args = ["--node-id", node_id, *join]
+            nodes.append(NodeProcess(text, workdir=workdir / node_id, args=args, env=dict(env)))
+            nodes[-1].start()
+        wait_until(lambda: all(is_ready(node.url) for node in nodes), ready_within, "all ready")
+        yield nodes
+    finally:
+        for node in nodes:
+            node.kill()

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from .nodes import NodeProcess, is_ready, wait_until
+from .nodes import NodeProcess, cluster_of, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -61,14 +61,7 @@ def test_a_single_node_its_semaphores_and_peers(tmp_path):
 
 
 def test_a_cluster_every_member_and_every_semaphore_once(tmp_path):
-    nodes = [NodeProcess(CLUSTER, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET)]
-    nodes[0].start()
-    join = ["--join", f"127.0.0.1:{nodes[0].port}"]
-    for name in ("n2", "n3"):
-        args = ["--node-id", name, *join]
-        nodes.append(NodeProcess(CLUSTER, workdir=tmp_path / name, args=args, env=SECRET).start())
-    try:
-        wait_until(lambda: all(is_ready(n.url) for n in nodes), 20, "all ready")
+    with cluster_of(tmp_path, CLUSTER, SECRET) as nodes:
         hold(nodes[1].url, "C", 3)
         done = admin(nodes[0].url, "status")
         assert done.returncode == 0, done.stderr
@@ -87,9 +80,6 @@ def test_a_cluster_every_member_and_every_semaphore_once(tmp_path):
         )
         report = json.loads(admin(nodes[0].url, "--json", "status").stdout)
         assert [m["state"] for m in report["members"]] == ["up", "up", "down"]
-    finally:
-        for node in nodes:
-            node.kill()
 
 
 def test_a_node_that_does_not_answer_is_exit_2(tmp_path):

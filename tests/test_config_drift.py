@@ -14,7 +14,7 @@ import pytest
 from sluicegate.cluster.membership import Membership
 from sluicegate.node.config import definitions_digest, parse_config
 
-from .nodes import NodeProcess, gauge, is_ready, wait_until
+from .nodes import cluster_of, gauge, wait_until
 
 BASE = """
 [semaphores]
@@ -63,24 +63,8 @@ def test_live_members_with_other_definitions_are_named_and_dead_ones_are_not():
 
 @pytest.mark.process
 def test_a_member_configured_otherwise_is_named_by_the_others(tmp_path):
-    first = NodeProcess(
-        BASE + CLUSTER, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET
-    )
-    nodes = [first.start()]
-    try:
-        join = ["--join", f"127.0.0.1:{first.port}"]
-        nodes.append(
-            NodeProcess(
-                BASE + CLUSTER, workdir=tmp_path / "n2", args=["--node-id", "n2", *join], env=SECRET
-            ).start()
-        )
-        other = BASE.replace("A = 5", "A = 1") + CLUSTER
-        nodes.append(
-            NodeProcess(
-                other, workdir=tmp_path / "n3", args=["--node-id", "n3", *join], env=SECRET
-            ).start()
-        )
-        wait_until(lambda: all(is_ready(n.url) for n in nodes), 20, "all ready")
+    other = {"n3": BASE.replace("A = 5", "A = 1") + CLUSTER}
+    with cluster_of(tmp_path, BASE + CLUSTER, SECRET, configs=other) as nodes:
         wait_until(lambda: gauge(nodes[0], "sluicegate_members_drifted") == 1, 10, "n1 names n3")
         assert gauge(nodes[1], "sluicegate_members_drifted") == 1
         assert gauge(nodes[2], "sluicegate_members_drifted") == 2
@@ -98,6 +82,3 @@ def test_a_member_configured_otherwise_is_named_by_the_others(tmp_path):
         assert f"{members['n3']} (differ)" in shown and f"{members['n2']} (differ)" not in shown
         nodes[2].kill()
         wait_until(lambda: gauge(nodes[0], "sluicegate_members_drifted") == 0, 10, "n3 gone")
-    finally:
-        for node in nodes:
-            node.kill()

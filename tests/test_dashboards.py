@@ -14,7 +14,7 @@ import trio
 import yaml
 from trio_websocket import open_websocket_url
 
-from .nodes import NodeProcess, is_ready, wait_until
+from .nodes import NodeProcess, cluster_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "sluicegate.json"
@@ -128,18 +128,7 @@ async def traffic(node: NodeProcess) -> None:
 async def test_every_metric_the_dashboard_and_alerts_name_is_served(tmp_path):
     named = {name for expr in dashboard_expressions() for name in OURS.findall(expr)}
     named |= {name for rule in alert_rules() for name in OURS.findall(rule["expr"])}
-    first = NodeProcess(CONFIG, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=SECRET)
-    nodes = [first.start()]
-    try:
-        join = ["--join", f"127.0.0.1:{first.port}"]
-        for name in ("n2", "n3"):
-            args = ["--node-id", name, *join]
-            nodes.append(NodeProcess(CONFIG, workdir=tmp_path / name, args=args, env=SECRET))
-            nodes[-1].start()
-        wait_until(lambda: all(is_ready(node.url) for node in nodes), 20, "all ready")
+    with cluster_of(tmp_path, CONFIG, SECRET) as nodes:
         await traffic(nodes[0])
         served = set().union(*(served_names(node.url) for node in nodes))
-    finally:
-        for node in nodes:
-            node.kill()
     assert named - served == set()

@@ -14,7 +14,7 @@ import pytest
 
 from sluicegate.node.drain import PROOF_WINDOW, authorization, leaves_a_majority, refusal
 
-from .nodes import NodeProcess, is_ready, wait_until
+from .nodes import NodeProcess, cluster_of, is_ready, wait_until
 
 SECRET = "drain-test-secret-0123456789"
 CONFIG = '[semaphores]\nA = 2\n[cluster]\ndown_after = "1s"\ngossip_interval = "200ms"\n'
@@ -70,15 +70,7 @@ def post_drain(node: NodeProcess, header: str | None) -> tuple[int, str]:
 
 @pytest.mark.process
 def test_a_member_drained_hands_its_slots_on_and_stops_and_the_others_serve(tmp_path):
-    env = {"SLUICEGATE_CLUSTER_SECRET": SECRET}
-    first = NodeProcess(CONFIG, workdir=tmp_path / "n1", args=["--node-id", "n1"], env=env)
-    nodes = [first.start()]
-    try:
-        join = ["--join", f"127.0.0.1:{first.port}"]
-        for name in ("n2", "n3"):
-            args = ["--node-id", name, *join]
-            nodes.append(NodeProcess(CONFIG, workdir=tmp_path / name, args=args, env=env).start())
-        wait_until(lambda: all(is_ready(n.url) for n in nodes), 20, "all ready")
+    with cluster_of(tmp_path, CONFIG, {"SLUICEGATE_CLUSTER_SECRET": SECRET}) as nodes:
         n3 = nodes[2]
         assert post_drain(n3, None)[0] == 401
         wrong = authorization(b"not-the-cluster-secret-0123", "n3", int(time.time()))
@@ -108,6 +100,3 @@ def test_a_member_drained_hands_its_slots_on_and_stops_and_the_others_serve(tmp_
         wait_until(lambda: member_state(nodes[0], "n2") == "down", 15, "n1 counts n2 down")
         status, body = post_drain(nodes[0], authorization(SECRET.encode(), "n1", int(time.time())))
         assert status == 409 and "no majority" in body
-    finally:
-        for node in nodes:
-            node.kill()
