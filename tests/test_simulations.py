@@ -133,12 +133,21 @@ def test_five_node_seeds_that_once_failed_pass():
     assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
 
 
-def test_five_node_seeds_that_once_failed_with_skew_and_freezes_pass_with_them():
-    listed = ROOT / "simulations" / "regressions-five-skew.txt"
-    args = ("--seeds-from", str(listed), "--nodes", "5", "--with", "skew,freeze", "--hashes")
-    done = simulate(*args, timeout=600)
-    assert len(hashes(done.stdout)) == len(read_seeds(listed))
-    assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
+def test_seeds_make_deep_found_pass_as_it_runs_them(tmp_path):
+    listed = ROOT / "simulations" / "regressions-deep.txt"
+    rows = [
+        line.split()[:2]
+        for line in listed.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for nodes in sorted({row[1] for row in rows}):
+        seeds = [int(seed) for seed, of in rows if of == nodes]
+        some = tmp_path / f"deep-{nodes}.txt"
+        some.write_text("".join(f"{seed}\n" for seed in seeds))
+        args = ("--seeds-from", str(some), "--nodes", nodes, "--with", "skew,freeze")
+        done = simulate(*args, "--availability", "--hashes", timeout=600)
+        assert len(hashes(done.stdout)) == len(seeds)
+        assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
 
 
 def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same():
