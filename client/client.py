@@ -10,8 +10,7 @@ task share it, so their levels are checked), so any number of tasks lock at once
 requests share frames. Peers heartbeat at a third of their expiry, and a peer a node forgot is
 restored with exactly the locks it holds. If no node confirms a peer's heartbeat before the peer
 could expire, its leases are lost: the body of each of its `async with client.lock()` is
-cancelled and `LeaseLost` raised from it, `lease.lost` is set, and the peer is dropped and deleted
-on the nodes (docs/cluster.md, "Keeping a lease"). A node that keeps answering
+cancelled and `LeaseLost` raised from it, and `lease.lost` is set. A node that keeps answering
 `unavailable` is left for the next URL: after half a second if it is cut off from most members,
 after the takeover bound its answer gives if it is not (`client/recovery.py`).
 """
@@ -37,7 +36,6 @@ from .session import (
     RateLimited,
     RequestRefused,
     Session,
-    SluicegateError,
     Unavailable,
     UnknownPeer,
 )
@@ -202,8 +200,6 @@ class Client:
         peer stays marked unsettled and is dropped rather than reused (its expiry frees it)."""
         lease._scope = None
         self._leases.discard(lease)
-        if lease.lost:
-            return  # its peer is dropped, and deleted (`_lose_leases`): nothing to release
         await self._release(peer, semaphore)
 
     async def _put_back(self, peer: Peer) -> None:
@@ -415,18 +411,7 @@ class Client:
             lease.lost = True
             if lease._scope is not None:
                 lease._scope.cancel()
-        if peer.peer_id in self._session.peers:
-            self._session.lost(peer)
-            self._nursery.start_soon(self._delete_lost, self._session.release_peer(peer))
-
-    async def _delete_lost(self, request: dict) -> None:
-        """Delete a peer whose leases were lost, so that whatever a node still counts for it
-        goes now rather than at its expiry there. Best effort: it expires anyway, since nothing
-        beats for it any more."""
-        try:
-            await self._call(None, lambda: request)
-        except (ConnectionLost, SluicegateError):
-            pass
+        self._session.lost(peer)
 
     @staticmethod
     async def _quietly(call, request: dict) -> None:

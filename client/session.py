@@ -256,14 +256,5 @@ class Session:
         peer.held.pop(semaphore, None)
 
     def lost(self, peer: Peer) -> None:
-        """The peer's leases are lost (it may have expired): it holds nothing the client knows
-        of, and it is dropped (no more heartbeats, never used again). A node may still count
-        the peer, with a lock asked for before and granted since: kept alive and used again, it
-        would hold that lock unknown to the client and answer a later acquire of it at once."""
+        """The peer's leases are lost (it may have expired): it holds nothing any more."""
         peer.held.clear()
-        self.peers.pop(peer.peer_id, None)
-        if peer in self._idle:
-            self._idle.remove(peer)
-
-    def release_peer(self, peer: Peer) -> dict:
-        return self.request("release_peer", peer=peer.peer_id, seq=self.next_op(peer))
