@@ -10,7 +10,8 @@ task share it, so their levels are checked), so any number of tasks lock at once
 requests share frames. Peers heartbeat at a third of their expiry, and a peer a node forgot is
 restored with exactly the locks it holds. If no node confirms a peer's heartbeat before the peer
 could expire, its leases are lost: the body of each of its `async with client.lock()` is
-cancelled and `LeaseLost` raised from it, and `lease.lost` is set. A node that keeps answering
+cancelled and `LeaseLost` raised from it, `lease.lost` is set, and the peer is not reused. An
+acquire that returns no lease is withdrawn. A node that keeps answering
 `unavailable` is left for the next URL: after half a second if it is cut off from most members,
 after the takeover bound its answer gives if it is not (`client/recovery.py`).
 """
@@ -29,15 +30,19 @@ import trio
 from .connection import CONNECT_TIMEOUT, Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
 from .session import (
+    Deadlock,
     LeaseLost,
+    LimitReached,
     LockTimeout,
     Peer,
     RateDecision,
     RateLimited,
     RequestRefused,
     Session,
+    SluicegateError,
     Unavailable,
     UnknownPeer,
+    UnknownSemaphore,
 )
 from .websocket import OpenWebSocket, open_websocket
 
@@ -55,6 +60,8 @@ SHORTEST_WAIT = 0.001
 HEARTBEATS_IN_FLIGHT = 9
 # How many times a beat the heartbeat task looks for a node that stalls.
 STALL_CHECKS = 8
+# How long an acquire that returned no lease is withdrawn for, shielded from cancellation.
+WITHDRAW_PATIENCE = 2.0
 
 
 @dataclass(eq=False)
@@ -217,9 +224,19 @@ class Client:
             now = trio.current_time()
             wait = min(max(deadline - now, 0.0), WAIT_SLICE)
             seq = self._session.next_op(peer)
-            result, sent_at = await self._renewing(
-                peer, self._session.acquire, peer, semaphore, count, wait, seq
-            )
+            try:
+                result, sent_at = await self._renewing(
+                    peer, self._session.acquire, peer, semaphore, count, wait, seq
+                )
+            except (UnknownSemaphore, Deadlock, LimitReached):
+                raise  # refused: nothing waits
+            except BaseException:
+                # Cancelled, or given up on: the acquire may wait at the owner still, or have
+                # been granted there unknown to us. Kept, the peer would hold that lock idle.
+                # (An unsettled peer is not reused anyway.)
+                if not peer.unsettled:
+                    await self._withdraw(peer, semaphore)
+                raise
             # An acquire prolongs its peer too, from when the try that was answered was sent.
             self._session.renewed(peer, sent_at)
             if self._session.acquired(peer, semaphore, count, result):
@@ -227,9 +244,19 @@ class Client:
                 self._leases.add(lease)
                 return lease
             if deadline - trio.current_time() < SHORTEST_WAIT:
-                with trio.CancelScope(shield=True):
-                    await self._release(peer, semaphore)  # withdraw the waiting lock
+                await self._withdraw(peer, semaphore)
                 raise LockTimeout(f"{semaphore!r} not granted within {timeout} s")
+
+    async def _withdraw(self, peer: Peer, semaphore: str) -> None:
+        """Withdraw an acquire that returned no lease, shielded from cancellation for at most
+        `WITHDRAW_PATIENCE` seconds. Unconfirmed, it leaves the peer unsettled: not reused once
+        its task's locks are over (docs/cluster.md, "Keeping a lease")."""
+        with trio.move_on_after(WITHDRAW_PATIENCE) as withdrawing:
+            withdrawing.shield = True
+            try:
+                await self._release(peer, semaphore)
+            except (ConnectionLost, SluicegateError):
+                pass
 
     async def _release(self, peer: Peer, semaphore: str) -> None:
         """Release or withdraw a lock. A release no node confirmed leaves the peer unsettled

@@ -120,7 +120,8 @@ class Peer:
 
     peer_id: int
     held: dict[str, Held] = field(default_factory=dict)
-    # A release was sent but not answered: the cluster may still count a lock of this peer.
+    # The cluster may count a lock of this peer that the client does not: a release or a
+    # withdrawal was not confirmed, or its leases were lost. It is not reused.
     unsettled: bool = False
     # When the request that last set its expiry at a node (created, restored, heartbeat) was
     # sent: the node counts the expiry from a later moment, so the peer lives at least until
@@ -256,5 +257,8 @@ class Session:
         peer.held.pop(semaphore, None)
 
     def lost(self, peer: Peer) -> None:
-        """The peer's leases are lost (it may have expired): it holds nothing any more."""
+        """The peer's leases are lost (it may have expired): it holds nothing the client knows
+        of, and is not reused. A node may still count it, with a lock its task asked for and
+        gave up on (not withdrawn: a lost lease ends its task's locks at once)."""
         peer.held.clear()
+        peer.unsettled = True

@@ -82,6 +82,22 @@ async def test_a_lock_not_granted_in_time_times_out_and_leaves_no_waiter(node):
                 pass
 
 
+async def test_a_cancelled_wait_leaves_no_lock_behind(node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(node.url) as holder, await sg.connect(node.url) as other:
+            async with holder.lock("A"):
+                with trio.move_on_after(0.3):
+                    async with other.lock("B"):
+                        async with other.lock("A"):  # waits, and is cancelled
+                            pytest.fail("A is held")
+            # The cancelled wait was withdrawn rather than granted to other's peer, which would
+            # hold A, idle, for as long as the client lives.
+            async with holder.lock("A", timeout=2):
+                pass
+            async with other.lock("A", timeout=2):
+                assert await other.remainder("A") == 0
+
+
 async def test_many_tasks_lock_through_one_client_and_never_exceed_max(node):
     inside = most = 0
 

@@ -72,6 +72,16 @@ def test_a_peer_lost_forgets_its_held_locks_and_no_other_peers():
     assert session.restore(other)["acquired"] == {"B": 1}
 
 
+def test_a_peer_whose_leases_were_lost_is_dropped_once_put_back():
+    # A node may count a lock of it that its task gave up on when the lease was lost.
+    session = Session(expires_in=10)
+    peer = session.created(4, sent_at=0.0)
+    session.acquired(peer, "B", 1, {"acquired": True, "token": 1})
+    session.lost(peer)
+    session.put_back(peer)
+    assert session.idle_peer() is None and 4 not in session.peers
+
+
 def test_a_peer_lives_its_expiry_from_when_its_last_renewal_was_sent():
     session = Session(expires_in=10)
     peer = session.created(8, sent_at=3.0)

@@ -23,7 +23,7 @@ SEEDS_OF_FIVE = 20
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions*.txt, until it is fixed.
-OPEN: set[int] = {622763842}
+OPEN: set[int] = set()
 
 
 def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
