@@ -121,14 +121,16 @@ def test_seeds_that_once_failed_pass(tmp_path):
 
 def test_seeds_that_once_failed_with_skew_and_freezes_pass_with_them():
     listed = ROOT / "simulations" / "regressions-skew.txt"
-    done = simulate("--seeds-from", str(listed), "--with", "skew,freeze", "--hashes", timeout=600)
+    args = ("--seeds-from", str(listed), "--with", "skew,freeze", "--jobs", "2")
+    done = simulate(*args, "--hashes", timeout=600)
     assert len(hashes(done.stdout)) == len(read_seeds(listed))
     assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
 
 
 def test_five_node_seeds_that_once_failed_pass():
     listed = ROOT / "simulations" / "regressions-five.txt"
-    done = simulate("--seeds-from", str(listed), "--nodes", "5", "--hashes", timeout=600)
+    args = ("--seeds-from", str(listed), "--nodes", "5", "--jobs", "2")
+    done = simulate(*args, "--hashes", timeout=600)
     assert len(hashes(done.stdout)) == len(read_seeds(listed))
     assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
 
