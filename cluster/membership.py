@@ -6,7 +6,14 @@ the node bumps on every tick). Nodes periodically send their whole table to a fe
 keeps whichever entry has the larger (generation, heartbeat). An entry that stops advancing for
 `down_after` seconds of the receiver's own clock marks that member down; no node trusts another's
 clock. A node leaving gracefully gossips its entry once more with `left` set, which spreads like any
-newer entry and takes the member out at once instead of after the timeout.
+newer entry and takes the member out at once instead of after the timeout. A member that is dead
+for good is *forgotten* (`forget`, asked of any live member): that member writes the dead life's
+goodbye for it, with a heartbeat (`FORGOTTEN`) no life reaches, so the goodbye outranks anything
+that life may still send, while a new life of the same id (a larger generation) is a member
+again. A forgotten life that wakes learns it from the gossip and stops (`Forgotten`). The voters
+change by one member per forget, and this node refuses another forget, or one while a member
+joins or leaves, until `settle` seconds after it last saw the voters change
+(docs/cluster.md, "Forgetting a member").
 
 An entry also carries a digest of the node's definitions (its semaphores and rate limiters), so
 that every node learns which live members were configured otherwise than itself
@@ -18,12 +25,15 @@ Pure: `now` and the random source come in as arguments; messages to send come ou
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 DEFAULT_DOWN_AFTER = 3.0
 DEFAULT_FANOUT = 3
+# The heartbeat of a forgotten life's goodbye: beyond any it counts to (one a tick).
+FORGOTTEN = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,10 @@ class MemberState:
     def version(self) -> tuple[int, int, bool]:
         # At equal (generation, heartbeat), the goodbye wins.
         return (self.generation, self.heartbeat, self.left)
+
+    @property
+    def forgotten(self) -> bool:
+        return self.left and self.heartbeat >= FORGOTTEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +79,22 @@ class MemberDown:
     left: bool  # True: said goodbye; False: fell silent
 
 
-MembershipEvent = MemberUp | MemberDown
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """This life was forgotten by the others (`forget`): it is no member any more."""
+
+    node_id: str
+
+
+MembershipEvent = MemberUp | MemberDown | Forgotten
+
+
+@dataclass(frozen=True, slots=True)
+class NotForgotten:
+    """Why a forget was refused; `retry_after` seconds, if asking again then may do."""
+
+    reason: str
+    retry_after: float = 0.0
 
 
 class _Entry:
@@ -97,6 +126,10 @@ class Membership:
         self._seeds = self._listed_seeds
         self._others: dict[str, _Entry] = {}
         self._events: list[MembershipEvent] = []
+        # When (by our clock) the voters last changed: a member joined, left or was forgotten.
+        self._voters_changed_at = -math.inf
+        # Forgotten lives heard from since the last tick: told at the next one.
+        self._awake_forgotten: set[str] = set()
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -122,8 +155,12 @@ class Membership:
         return known
 
     def left_members(self) -> set[str]:
-        """The other members that said goodbye (and have not come back since)."""
+        """The other members that said goodbye, or were forgotten (and have not come back
+        since)."""
         return {node_id for node_id, e in self._others.items() if e.state.left}
+
+    def forgotten_members(self) -> set[str]:
+        return {node_id for node_id, e in self._others.items() if e.state.forgotten}
 
     def drifted_members(self) -> set[str]:
         """The live members whose definitions differ from this node's."""
@@ -167,6 +204,9 @@ class Membership:
             e.state.address for e in self._others.values() if not e.alive and not e.state.left
         )
         targets = rng.sample(alive, min(self.fanout, len(alive)))
+        # A forgotten life that speaks learns it from us (nobody else gossips to it).
+        targets.extend(sorted(self._awake_forgotten))
+        self._awake_forgotten.clear()
         # One silent member per tick, so a healed partition is noticed; one seed, so clusters that
         # formed apart (or a node that knows nobody yet) find each other.
         if down:
@@ -183,19 +223,31 @@ class Membership:
     def receive(self, gossip: Gossip, now: float) -> None:
         for state in gossip.members:
             if state.node_id == self.node_id:
-                continue  # nobody knows better than we do who we are
+                # Nobody knows better than we do who we are, but that we were forgotten.
+                me = self._me
+                if state.forgotten and state.generation == me.generation and not me.left:
+                    self._me = replace(me, heartbeat=FORGOTTEN, left=True)
+                    self._events.append(Forgotten(self.node_id))
+                continue
             entry = self._others.get(state.node_id)
             if entry is None:
                 entry = self._others[state.node_id] = _Entry(state, now, alive=False)
                 if not state.left:
                     entry.alive = True
+                    self._voters_changed_at = now
                     self._events.append(MemberUp(state.node_id, state.address, state.generation))
                 continue
             if state.version <= entry.state.version:
+                forgotten = entry.state
+                if state.node_id == gossip.sender and forgotten.forgotten:
+                    if state.generation == forgotten.generation:
+                        self._awake_forgotten.add(forgotten.address)
                 continue
             previous = entry.state
             entry.state = state
             entry.changed_at = now
+            if state.left != previous.left:
+                self._voters_changed_at = now
             if state.left:
                 if entry.alive:
                     entry.alive = False
@@ -203,6 +255,41 @@ class Membership:
             elif not entry.alive or state.generation != previous.generation:
                 entry.alive = True
                 self._events.append(MemberUp(state.node_id, state.address, state.generation))
+
+    def forget(self, node_id: str, now: float, settle: float) -> NotForgotten | None:
+        """Forget `node_id`, a member dead for good: its life's goodbye, written here, spreads
+        with the next gossip. None if forgotten. Only a member counted and silent is forgotten,
+        and only `settle` seconds after the voters last changed here, so that the voters of
+        any two members differ by one member at most."""
+        if node_id == self.node_id:
+            return NotForgotten("a node cannot forget itself: drain it (sluicegate drain)")
+        entry = self._others.get(node_id)
+        if entry is None:
+            return NotForgotten("no member of that id is known here")
+        if entry.state.left:
+            gone = "forgotten" if entry.state.forgotten else "left"
+            return NotForgotten(f"{node_id} is gone already ({gone})")
+        if entry.alive:
+            return NotForgotten(
+                f"{node_id} is alive (heard {now - entry.changed_at:.1f} s ago): stop it first, "
+                f"or drain it; a member is forgotten once silent for {self.down_after:g} s"
+            )
+        wait = self._settling(now, settle)
+        if wait:
+            return NotForgotten(
+                f"the members changed {now - self._voters_changed_at:.1f} s ago: one change "
+                f"at a time, each {settle:g} s apart, so that every node counts the same voters "
+                "to within one",
+                wait,
+            )
+        entry.state = replace(entry.state, heartbeat=FORGOTTEN, left=True)
+        entry.changed_at = now
+        self._voters_changed_at = now
+        return None
+
+    def _settling(self, now: float, settle: float) -> float:
+        """Seconds until the members may change again by a forget (0: now)."""
+        return max(0.0, self._voters_changed_at + settle - now)
 
     def use_found_seeds(self, seeds: Iterable[str]) -> None:
         """Seeds a discovery found (DNS names of the join list), in place of those it found

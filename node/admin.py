@@ -4,11 +4,13 @@
     sluicegate semaphores [--url URL] [--json]    holders and waiters of every semaphore
     sluicegate peers [--url URL] [--limit N]      the peers the cluster knows
     sluicegate drain NODE [--url URL]             a graceful leave of NODE, followed until done
+    sluicegate forget NODE [--url URL]            NODE, dead for good, stops counting for the
+                                                  quorum; followed until every member knows
 
 `--url` defaults to `SLUICEGATE_URL`, else http://127.0.0.1:8000. Each member answers for the
 semaphores it owns (`GET /status.json`), so `semaphores` asks every member that is up. `drain`
-proves the cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file` or
-`SLUICEGATE_CLUSTER_SECRET_FILE` names) without sending it (node/drain.py).
+and `forget` prove the cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file`
+or `SLUICEGATE_CLUSTER_SECRET_FILE` names) without sending it (node/cluster_admin.py).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from .drain import authorization
+from .cluster_admin import authorization
+from .config import whole_number
 
 TIMEOUT = 5.0
-# How often `drain` looks at how far the node got.
-DRAIN_POLL = 0.2
+# How often `drain` and `forget` look at how far they got.
+POLL = 0.2
 
 
 class Unreachable(Exception):
@@ -148,7 +152,7 @@ def drain(url: str, node_id: str, secret: bytes, timeout: float) -> int:
         return 1
     address = f"http://{member['address']}"
     request = urllib.request.Request(f"{address}/drain", data=b"", method="POST")
-    request.add_header("Authorization", authorization(secret, node_id, int(time.time())))
+    request.add_header("Authorization", authorization(secret, "drain", node_id, int(time.time())))
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
             print(answer.read().decode(errors="replace"), flush=True)
@@ -179,8 +183,60 @@ def drain(url: str, node_id: str, secret: bytes, timeout: float) -> int:
         if state == "left" and acting is None:
             print(f"{node_id} has left, and its slots are with the others.")
             return 0
-        time.sleep(DRAIN_POLL)
+        time.sleep(POLL)
     print(f"sluicegate: {node_id} had not left after {timeout:g} s", file=sys.stderr)
+    return 1
+
+
+def forget(url: str, node_id: str, secret: bytes, timeout: float) -> int:
+    """Ask the node at `url` to forget `node_id`, then wait until every member up has heard."""
+    deadline = time.monotonic() + timeout
+    query = urllib.parse.urlencode({"node": node_id})
+    while True:
+        request = urllib.request.Request(f"{url}/forget?{query}", data=b"", method="POST")
+        proof = authorization(secret, "forget", node_id, int(time.time()))
+        request.add_header("Authorization", proof)
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+                print(answer.read().decode(errors="replace"), flush=True)
+                break
+        except urllib.error.HTTPError as error:
+            why = error.read().decode(errors="replace")[:300]
+            # Another change of the members is still settling: the node says for how long.
+            wait = whole_number(error.headers.get("retry-after") or "", 3600)
+            if wait is None or time.monotonic() + wait > deadline:
+                print(f"sluicegate: {why}", file=sys.stderr)
+                return 1
+            print(f"{why} Waiting {wait} s.", flush=True)
+            time.sleep(wait)
+        except OSError as error:
+            raise Unreachable(f"{url}/forget: {error}") from None
+    said = None
+    while time.monotonic() < deadline:
+        members = fetch(f"{url}/status.json")["members"]
+        up = [m for m in members if m["state"] == "up"]
+        unaware = []
+        for member in up:
+            try:
+                seen = fetch(f"http://{member['address']}/status.json")["members"]
+            except Unreachable:
+                unaware.append(member["id"])
+                continue
+            if {m["id"]: m["state"] for m in seen}.get(node_id) != "forgotten":
+                unaware.append(member["id"])
+        line = f"{len(up) - len(unaware)} of {len(up)} members up know {node_id} is forgotten"
+        if line != said:
+            print(line, flush=True)
+            said = line
+        if not unaware:
+            print(f"{node_id} is forgotten: all {len(up)} members up know.")
+            return 0
+        time.sleep(POLL)
+    print(
+        f"sluicegate: after {timeout:g} s, {', '.join(unaware)} had not heard; forget nobody "
+        "else until they have (sluicegate status at each)",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -213,19 +269,26 @@ def main(argv: list[str] | None = None) -> int:
         "secret in SLUICEGATE_CLUSTER_SECRET)",
     )
     leave.add_argument("--timeout", type=float, default=30.0, help="seconds to follow it")
+    forgetting = commands.add_parser(
+        "forget", help="a member dead for good stops counting for the quorum"
+    )
+    forgetting.add_argument("node", help="the member's id")
+    forgetting.add_argument("--secret-file", help="as for drain")
+    forgetting.add_argument("--timeout", type=float, default=30.0, help="seconds to follow it")
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
     try:
-        if args.command == "drain":
+        if args.command in ("drain", "forget"):
             try:
                 secret = secret_from(args.secret_file)
             except (OSError, UnicodeDecodeError) as error:
                 print(f"sluicegate: cannot read the secret: {error}", file=sys.stderr)
                 return 2
             if not secret:
-                print("sluicegate: drain needs the cluster secret", file=sys.stderr)
+                print(f"sluicegate: {args.command} needs the cluster secret", file=sys.stderr)
                 return 2
-            return drain(url, args.node, secret, args.timeout)
+            act = drain if args.command == "drain" else forget
+            return act(url, args.node, secret, args.timeout)
         if args.command == "status":
             return status(url, args.json)
         if args.command == "semaphores":

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -36,9 +37,9 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from . import serde_compat as serde
+from .cluster_admin import ClusterAdmin, refusal
 from .cluster_status import MemberStatuses
 from .config import whole_number
-from .drain import Drain, refusal
 from .latencies import OTHER, Latencies
 from .logs import clip
 from .rate_limit_service import RateLimitService
@@ -290,8 +291,9 @@ class ThrottleApi:
         self.rate_limits = rate_limits
         self.extra_metrics: Callable[[], str] = extra_metrics
         self.member_statuses = MemberStatuses()
-        # Set on a cluster node: what `POST /drain` needs (node/drain.py).
-        self.drain: Drain | None = None
+        # Set on a cluster node: what `POST /drain` and `POST /forget` need
+        # (node/cluster_admin.py).
+        self.cluster_admin: ClusterAdmin | None = None
 
     async def index(self, request: Request) -> Response:
         return text("Hello from Throttle!")
@@ -340,33 +342,49 @@ class ThrottleApi:
             )
         return json_response(body)
 
+    def _proven(self, request: Request, action: str, node_id: str) -> ClusterAdmin:
+        """The cluster node's admin, once `request` proves the cluster secret for `action` on
+        `node_id` (node/cluster_admin.py)."""
+        admin = self.cluster_admin
+        if admin is None:
+            raise Rejection(text(f"Not a cluster node: nothing to {action}", 409))
+        header = request.header(b"authorization")
+        header_text = None if header is None else header.decode("latin-1")
+        why = refusal(header_text, admin.secret, action, node_id, time.time())
+        if why is not None:
+            raise Rejection(text(why, 401))
+        return admin
+
     async def drain_node(self, request: Request) -> Response:
         """Ours: the graceful leave SIGTERM starts, asked by someone who proves the cluster
-        secret (node/drain.py, `sluicegate drain`)."""
-        drain = self.drain
-        if drain is None:
-            return text("Not a cluster node: stop it with SIGTERM", 409)
-        header = request.header(b"authorization")
-        why = refusal(
-            None if header is None else header.decode("latin-1"),
-            drain.secret,
-            drain.node_id,
-            time.time(),
-        )
-        if why is not None:
-            return text(why, 401)
-        keeps, live, counted = drain.majority_after()
-        if not keeps and not drain.asked.is_set():
+        secret (`sluicegate drain`)."""
+        admin = self.cluster_admin
+        admin = self._proven(request, "drain", "" if admin is None else admin.node_id)
+        keeps, live, counted = admin.majority_after()
+        if not keeps and not admin.drain_asked.is_set():
             return text(
                 f"Refused: {live - 1} live of {counted - 1} members counted would be left, no "
                 "majority, and the cluster would stop serving. Bring the members that are down "
                 "back first.",
                 409,
             )
-        if not drain.asked.is_set():
-            log.info("Asked to drain %s: handing its slots on, then stopping.", drain.node_id)
-            drain.asked.set()
-        return text(f"Draining {drain.node_id}: its slots move to the others, then it stops.", 202)
+        if not admin.drain_asked.is_set():
+            log.info("Asked to drain %s: handing its slots on, then stopping.", admin.node_id)
+            admin.drain_asked.set()
+        return text(f"Draining {admin.node_id}: its slots move to the others, then it stops.", 202)
+
+    async def forget_member(self, request: Request) -> Response:
+        """Ours: `?node=ID`, a member dead for good, stops counting for the quorum; asked by
+        someone who proves the cluster secret (`sluicegate forget`)."""
+        node_id = _query(request, {"node": str}, required=("node",))["node"]
+        admin = self._proven(request, "forget", node_id)
+        refused = admin.forget(node_id)
+        if refused is None:
+            return text(f"Forgot {node_id}: it no longer counts for the quorum.", 200)
+        answer = text(f"Refused: {refused.reason}.", 409)
+        if refused.retry_after:
+            answer.headers.append((b"retry-after", str(math.ceil(refused.retry_after)).encode()))
+        return answer
 
     async def status_page(self, request: Request) -> Response:
         """Ours: the status page for people (node/static/status.html), which polls
@@ -545,6 +563,7 @@ class Router:
             b"/status": {"GET": api.status_page},
             b"/status.json": {"GET": api.status},
             b"/drain": {"POST": api.drain_node},
+            b"/forget": {"POST": api.forget_member},
             b"/new_peer": {"POST": api.new_peer},
             b"/peers/": {"GET": api.list_peers},
             b"/remainder": {"GET": api.remainder},

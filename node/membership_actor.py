@@ -15,7 +15,14 @@ from collections.abc import Callable
 
 import trio
 
-from sluicegate.cluster.membership import Gossip, MemberDown, Membership, MemberUp
+from sluicegate.cluster.membership import (
+    Forgotten,
+    Gossip,
+    MemberDown,
+    Membership,
+    MemberUp,
+    NotForgotten,
+)
 from sluicegate.cluster.ring import Ring
 
 from .clock import TRIO_CLOCK, Clock
@@ -45,10 +52,12 @@ class MembershipActor:
         clock: Clock = TRIO_CLOCK,
         on_member_down: Callable[[str], None] = lambda node_id: None,
         on_change: Callable[[], None] = lambda: None,
+        on_forgotten: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_member_down(node_id)` is called whenever a member is counted down (silent or
-        gone), `on_change()` after any change of the members; `clock` is the node's, which
-        times the gossip ticks and stamps what is heard."""
+        gone), `on_change()` after any change of the members, `on_forgotten()` once the others
+        forgot this life; `clock` is the node's, which times the gossip ticks and stamps what
+        is heard."""
         self._membership = membership
         self._links = links
         self._interval = interval
@@ -56,6 +65,7 @@ class MembershipActor:
         self._clock = clock
         self._on_member_down = on_member_down
         self._on_change = on_change
+        self._on_forgotten = on_forgotten
         self._dialing: dict[str, tuple[str, trio.CancelScope]] = {}
         self._introducing: set[str] = set()
         self._reminded_at = -math.inf
@@ -96,8 +106,25 @@ class MembershipActor:
         return self._membership.known_members()
 
     def left_members(self) -> set[str]:
-        """Members that left gracefully: they replicated everything before they said goodbye."""
+        """Members that left gracefully (they replicated everything before they said goodbye),
+        or were forgotten."""
         return self._membership.left_members()
+
+    def forget(self, node_id: str) -> NotForgotten | None:
+        """Forget a member dead for good (`sluicegate forget`); why not, if refused. Changes of
+        the members wait `2 × down_after` for one another (cluster/membership.py)."""
+        refused = self._membership.forget(
+            node_id, self._clock.now(), 2 * self._membership.down_after
+        )
+        if refused is None:
+            log.warning(
+                "Forgot member %s: it no longer counts for the quorum (%d members counted).",
+                node_id,
+                len(self._membership.known_members()),
+            )
+            self._stop_dialing(node_id)
+            self._on_change()
+        return refused
 
     def down_members(self) -> set[str]:
         """Members counted for the quorum that this node believes down (silent, not left)."""
@@ -124,6 +151,7 @@ class MembershipActor:
         live = self._membership.live_members()
         links = self._links.status()
         left = self._membership.left_members()
+        forgotten = self._membership.forgotten_members()
         others = sorted((self._membership.known_members() | left) - {self.node_id})
         rows = []
         for node_id in [self.node_id, *others]:
@@ -136,7 +164,13 @@ class MembershipActor:
                     "id": node_id,
                     "address": state.address,
                     "generation": state.generation,
-                    "state": "left" if node_id in left else "up" if node_id in live else "down",
+                    "state": "forgotten"
+                    if node_id in forgotten
+                    else "left"
+                    if node_id in left
+                    else "up"
+                    if node_id in live
+                    else "down",
                     "gossip_lag": None if advanced is None else round(now - advanced, 3),
                     "definitions": state.definitions,
                     "link": None if node_id == self.node_id else links.get(node_id, False),
@@ -273,6 +307,13 @@ class MembershipActor:
                 if event.left:
                     self._stop_dialing(event.node_id)
                 self._on_member_down(event.node_id)
+            elif isinstance(event, Forgotten):
+                log.critical(
+                    "The cluster forgot this node (%s, sluicegate forget): it is no member any "
+                    "more, and stops. Start it again to join as a new life.",
+                    event.node_id,
+                )
+                self._on_forgotten()
         self.ring = Ring(self._membership.live_members())
         self._on_change()
 

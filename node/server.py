@@ -24,9 +24,9 @@ from sluicegate.cluster.slots import takeover_bound
 
 from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
+from .cluster_admin import ClusterAdmin
 from .config import NodeConfig, definitions_digest
 from .dns_discovery import DnsDiscovery, dns_resolver
-from .drain import Drain
 from .latencies import LatencyCollector
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
@@ -101,8 +101,9 @@ async def run_node(
     stopping = trio.Event()
 
     cluster: tuple[MembershipActor, ClusterSemaphores] | None = None
-    # Set by `POST /drain` (node/drain.py): stop as on SIGTERM.
-    drain_asked = trio.Event()
+    # Set by `POST /drain` (node/cluster_admin.py), or once the others forgot this life: stop
+    # as on SIGTERM.
+    drain_asked, forgotten = trio.Event(), trio.Event()
 
     async def stop_on_signal(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -110,7 +111,7 @@ async def run_node(
             # Said only now, so that whoever waits for this line can already stop us cleanly.
             if not config.semaphores:
                 log.warning("No semaphores configured.")
-            log.info("%s, shutting down.", await _stop_asked(signals, drain_asked))
+            log.info("%s, shutting down.", await _stop_asked(signals, drain_asked, forgotten))
             await actor.stop_blocking()
             if cluster is not None:
                 membership, semaphores = cluster
@@ -155,7 +156,7 @@ async def run_node(
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
                 cluster = await nursery.start(
-                    partial(join_cluster, drain_asked=drain_asked),
+                    partial(join_cluster, drain_asked=drain_asked, forgotten=forgotten),
                     app,
                     rate_limits,
                     metrics,
@@ -170,8 +171,9 @@ async def run_node(
     log.info("Stopped.")
 
 
-async def _stop_asked(signals, drain_asked: trio.Event) -> str:
-    """Wait for SIGTERM or SIGINT, or a drain asked over HTTP; which it was."""
+async def _stop_asked(signals, drain_asked: trio.Event, forgotten: trio.Event) -> str:
+    """Wait for SIGTERM or SIGINT, a drain asked over HTTP, or the others forgetting this life;
+    which it was."""
     reason = ""
     async with trio.open_nursery() as nursery:
 
@@ -181,14 +183,15 @@ async def _stop_asked(signals, drain_asked: trio.Event) -> str:
                 reason = f"Received {signal.Signals(signum).name}"
                 nursery.cancel_scope.cancel()
 
-        async def on_drain() -> None:
+        async def on_event(event: trio.Event, why: str) -> None:
             nonlocal reason
-            await drain_asked.wait()
-            reason = "Asked to drain (POST /drain)"
+            await event.wait()
+            reason = why
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(on_signal)
-        nursery.start_soon(on_drain)
+        nursery.start_soon(on_event, drain_asked, "Asked to drain (POST /drain)")
+        nursery.start_soon(on_event, forgotten, "Forgotten by the cluster (sluicegate forget)")
     return reason
 
 
@@ -205,6 +208,7 @@ async def join_cluster(
     epoch: Callable[[], int] = epoch_now,
     clock: Clock = TRIO_CLOCK,
     drain_asked: trio.Event | None = None,
+    forgotten: trio.Event | None = None,
     task_status: trio.TaskStatus[tuple[MembershipActor, ClusterSemaphores]],
 ) -> None:
     """Run membership, node links, ownership of slots and forwarding for this node, reachable
@@ -271,6 +275,7 @@ async def join_cluster(
         # Calls forwarded to a member counted down fail at once: its slots move on.
         on_member_down=rpc.link_down,
         on_change=lambda: semaphores.follow_members(),
+        on_forgotten=forgotten.set if forgotten is not None else lambda: None,
     )
     ownership = Ownership(
         node_id,
@@ -314,7 +319,9 @@ async def join_cluster(
     rate_limits.join_cluster(ownership, membership_actor, rpc, links)
     app.join_cluster(semaphores, links)
     if drain_asked is not None:
-        app.throttle.drain = Drain(node_id, cluster.secret.encode(), membership_actor, drain_asked)
+        app.throttle.cluster_admin = ClusterAdmin(
+            node_id, cluster.secret.encode(), membership_actor, drain_asked
+        )
     log.info("Node %s joining the cluster through %s.", node_id, ", ".join(cluster.join) or "-")
     async with trio.open_nursery() as nursery:
         await nursery.start(shard_actor.run)

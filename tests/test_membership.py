@@ -7,7 +7,14 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.cluster.membership import Gossip, MemberDown, Membership, MemberState, MemberUp
+from sluicegate.cluster.membership import (
+    Forgotten,
+    Gossip,
+    MemberDown,
+    Membership,
+    MemberState,
+    MemberUp,
+)
 
 TICK = 0.5
 
@@ -135,6 +142,60 @@ def test_a_member_that_left_can_come_back_with_a_new_generation():
     cluster.start("n3")
     cluster.run(3)
     assert cluster.agreed({"n1", "n2", "n3"})
+
+
+def test_a_forgotten_member_stops_counting_everywhere_and_its_life_never_counts_again():
+    cluster = SimulatedCluster(4)
+    cluster.run(3)
+    cluster.crash("n4")
+    cluster.run(4)
+    assert cluster.nodes["n1"].forget("n4", cluster.now, settle=6.0) is None
+    cluster.run(3)
+    for node_id in ("n1", "n2", "n3"):
+        assert cluster.nodes[node_id].known_members() == {"n1", "n2", "n3"}
+        assert cluster.nodes[node_id].forgotten_members() == {"n4"}
+    # The same life wakes (it was paused): it is told, and counts itself out; nobody counts it.
+    cluster.running.add("n4")
+    cluster.run(3)
+    assert Forgotten("n4") in cluster.nodes["n4"].events()
+    assert "n4" not in cluster.nodes["n4"].live_members()
+    assert cluster.nodes["n4"].tick(cluster.now, cluster.rng) == []  # silent from now on
+    assert cluster.nodes["n4"].known_members() == {"n1", "n2", "n3"}
+    for node_id in ("n1", "n2", "n3"):
+        assert cluster.nodes[node_id].known_members() == {"n1", "n2", "n3"}
+    # A new life under the id is a member again.
+    cluster.crash("n4")
+    cluster.start("n4")
+    cluster.run(3)
+    assert cluster.agreed({"n1", "n2", "n3", "n4"})
+
+
+def test_only_a_silent_member_is_forgotten_and_one_change_of_the_members_at_a_time():
+    cluster = SimulatedCluster(5)
+    cluster.run(3)
+    n1 = cluster.nodes["n1"]
+    assert "cannot forget itself" in n1.forget("n1", cluster.now, settle=6.0).reason
+    assert "no member of that id" in n1.forget("n9", cluster.now, settle=6.0).reason
+    assert "is alive" in n1.forget("n5", cluster.now, settle=6.0).reason
+    cluster.crash("n4")
+    cluster.crash("n5")
+    cluster.run(4)
+    # The members changed (n2..n5 joined) at most 7 s ago: not yet.
+    refused = n1.forget("n5", cluster.now, settle=8.0)
+    assert "one change at a time" in refused.reason and 0 < refused.retry_after <= 1.5
+    assert n1.forget("n5", cluster.now, settle=6.0) is None
+    refused = n1.forget("n5", cluster.now, settle=6.0)
+    assert "gone already (forgotten)" in refused.reason and refused.retry_after == 0
+    assert n1.forget("n4", cluster.now, settle=6.0).retry_after == 6.0
+    cluster.run(3)
+    # Elsewhere, the forget arrived with the gossip: the members changed there then.
+    refused = cluster.nodes["n2"].forget("n4", cluster.now, settle=6.0)
+    assert "one change at a time" in refused.reason
+    cluster.run(4)
+    assert cluster.nodes["n2"].forget("n4", cluster.now, settle=6.0) is None
+    cluster.run(3)
+    assert cluster.agreed({"n1", "n2", "n3"})
+    assert all(cluster.nodes[n].known_members() == {"n1", "n2", "n3"} for n in ("n1", "n2"))
 
 
 def test_partitions_split_the_views_and_healing_joins_them():
