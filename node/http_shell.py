@@ -342,12 +342,13 @@ class ThrottleApi:
             )
         return json_response(body)
 
-    def _proven(self, request: Request, action: str, node_id: str) -> ClusterAdmin:
+    def _proven(self, request: Request, action: str, node_id: str | None = None) -> ClusterAdmin:
         """The cluster node's admin, once `request` proves the cluster secret for `action` on
-        `node_id` (node/cluster_admin.py)."""
+        `node_id` (None: this node; node/cluster_admin.py)."""
         admin = self.cluster_admin
         if admin is None:
             raise Rejection(text(f"Not a cluster node: nothing to {action}", 409))
+        node_id = admin.node_id if node_id is None else node_id
         header = request.header(b"authorization")
         header_text = None if header is None else header.decode("latin-1")
         why = refusal(header_text, admin.secret, action, node_id, time.time())
@@ -358,8 +359,7 @@ class ThrottleApi:
     async def drain_node(self, request: Request) -> Response:
         """Ours: the graceful leave SIGTERM starts, asked by someone who proves the cluster
         secret (`sluicegate drain`)."""
-        admin = self.cluster_admin
-        admin = self._proven(request, "drain", "" if admin is None else admin.node_id)
+        admin = self._proven(request, "drain")
         keeps, live, counted = admin.majority_after()
         if not keeps and not admin.drain_asked.is_set():
             return text(

@@ -164,13 +164,7 @@ class MembershipActor:
                     "id": node_id,
                     "address": state.address,
                     "generation": state.generation,
-                    "state": "forgotten"
-                    if node_id in forgotten
-                    else "left"
-                    if node_id in left
-                    else "up"
-                    if node_id in live
-                    else "down",
+                    "state": _state(node_id, live, left, forgotten),
                     "gossip_lag": None if advanced is None else round(now - advanced, 3),
                     "definitions": state.definitions,
                     "link": None if node_id == self.node_id else links.get(node_id, False),
@@ -339,3 +333,11 @@ class MembershipActor:
         current = self._dialing.pop(node_id, None)
         if current is not None:
             current[1].cancel()
+
+
+def _state(node_id: str, live, left: set[str], forgotten: set[str]) -> str:
+    if node_id in forgotten:
+        return "forgotten"
+    if node_id in left:
+        return "left"
+    return "up" if node_id in live else "down"
