@@ -98,10 +98,15 @@ async def run_client(
 ) -> None:
     rng = random.Random(seed)
 
+    current: Tap | None = None
+
     async def open_tapped_websocket(url: str) -> Tap:
+        nonlocal current
         # Behind the load balancer the client cannot tell which node it reached: the Tap reads
         # it from the node's welcome.
-        return Tap(await open_websocket(url), name, None, journal, clock=CLOCK)
+        tap = Tap(await open_websocket(url), name, None, journal, clock=CLOCK)
+        current = tap.replaces(current)
+        return current
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as stop_signals:
         client = Client(

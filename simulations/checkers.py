@@ -376,10 +376,11 @@ def _decisions(sends, per_node: bool) -> dict[tuple[int, int], tuple[int, str]]:
     * Exact mode: the key's owner remembers, and hands its memory over with the key; when the
       owner fails its memory goes with it. So a go answered with another `remaining` was
       decided anew if the client had given up on one of the two tries while it was unanswered
-      (they overlap, or the client asked again, maybe more than once, while the first went
-      unanswered): the late answer was decided by an owner that lost the key before the retry
-      came, and the client never took it. Through which node the client asked does not matter:
-      the owner decides, whichever node forwards."""
+      (they overlap, the client asked again, maybe more than once, while the first went
+      unanswered, or it left the first one's connection before the answer came): the late
+      answer was decided by an owner that lost the key before the retry came, and the client
+      never took it. Through which node the client asked does not matter: the owner decides,
+      whichever node forwards."""
     keys: dict[tuple[int, int], tuple[int, str]] = {}
     first: dict[tuple[int, str], tuple[object, int]] = {}
     # Every try of each retry id, answered or not: when it was sent.
@@ -396,7 +397,9 @@ def _decisions(sends, per_node: bool) -> dict[tuple[int, int], tuple[int, str]]:
             if known is not None and not per_node and go and remaining != known[1]:
                 then = known[0]
                 overlapping = send.sent < then.answered and then.sent < send.answered
-                given_up = any(then.sent < sent < then.answered for sent in tries[retry_id])
+                given_up = any(then.sent < sent < then.answered for sent in tries[retry_id]) or (
+                    then.given_up is not None and then.given_up < then.answered
+                )
                 if overlapping or given_up:
                     key = (retry_id, send.node)
                     known = first.get(key)

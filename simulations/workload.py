@@ -58,7 +58,9 @@ class RateSend:
     """One rate-limit request on the wire: sent at `sent`, to `node`; answered at `answered`
     with a decision per time asked (`goes`, and what `remaining` after each), or an error;
     unanswered if the connection broke. `retry_ids`: one per time asked; every try of a call
-    carries the same (a copy the network repeats too)."""
+    carries the same (a copy the network repeats too). `given_up`: when the client left the
+    connection with the request unanswered (it connected to another node); an answer that
+    arrives after that is seen on the wire, but the client never takes it."""
 
     client: str
     node: str
@@ -73,6 +75,7 @@ class RateSend:
     goes: list[bool] | None = None
     remaining: list[int] | None = None
     error: str = ""
+    given_up: float | None = None
 
 
 @dataclass
@@ -171,6 +174,18 @@ class Tap:
     async def aclose(self) -> None:
         await self._ws.aclose()
 
+    def replaces(self, previous: Tap | None) -> Tap:
+        """This connection takes the place of the client's `previous` one: the client has left
+        that one (it broke, or was retired), and the requests still unanswered on it with it.
+        Returns self."""
+        if previous is not None:
+            now = previous._clock()
+            for sends in previous._waiting.values():
+                for send in sends:
+                    if send.given_up is None:
+                        send.given_up = now
+        return self
+
     def _sending(self, requests: list[dict]) -> None:
         now = self._clock()
         for request in requests:
@@ -208,12 +223,16 @@ async def client(
 ) -> None:
     rng = random.Random(seed)
 
+    current: Tap | None = None
+
     async def open_websocket(url: str):
+        nonlocal current
         address = url.split("//", 1)[1].split("/", 1)[0]
         stream = await network.connect(name, address)
         ws = await handshake(stream, address, "/ws")
         history.note(f"{name} connected to {address}")
-        return Tap(ws, name, address.split(":")[0], history, network)
+        current = Tap(ws, name, address.split(":")[0], history, network).replaces(current)
+        return current
 
     urls = list(urls)
     rng.shuffle(urls)
