@@ -213,23 +213,22 @@ def forget(url: str, node_id: str, secret: bytes, timeout: float) -> int:
             raise Unreachable(f"{url}/forget: {error}") from None
     said = None
     while time.monotonic() < deadline:
-        members = fetch(f"{url}/status.json")["members"]
-        up = [m for m in members if m["state"] == "up"]
-        unaware = []
-        for member in up:
-            try:
-                seen = fetch(f"http://{member['address']}/status.json")["members"]
-            except Unreachable:
-                unaware.append(member["id"])
-                continue
-            if {m["id"]: m["state"] for m in seen}.get(node_id) != "forgotten":
-                unaware.append(member["id"])
-        line = f"{len(up) - len(unaware)} of {len(up)} members up know {node_id} is forgotten"
+        # The node's view and every other up member's own (`member_status`).
+        node = fetch(f"{url}/status.json?all=1")
+        views = {node["node"]: node["members"]}
+        for other in node["member_status"]:
+            views[other["id"]] = other["status"]["members"] if "status" in other else []
+        unaware = [
+            member
+            for member, seen in views.items()
+            if {m["id"]: m["state"] for m in seen}.get(node_id) != "forgotten"
+        ]
+        line = f"{len(views) - len(unaware)} of {len(views)} members up know {node_id} is forgotten"
         if line != said:
             print(line, flush=True)
             said = line
         if not unaware:
-            print(f"{node_id} is forgotten: all {len(up)} members up know.")
+            print(f"{node_id} is forgotten: all {len(views)} members up know.")
             return 0
         time.sleep(POLL)
     print(
