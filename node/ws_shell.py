@@ -96,8 +96,9 @@ class WsConnection:
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._last_frame = trio.current_time()
         # Peers this connection made (or restored) and has not seen the end of, and requests
-        # that may make one, in flight.
-        self._peers: set[int] = set()
+        # that may make one, in flight. A dict of ints, which the garbage collector does not
+        # track, not a set, which it walks at every full collection.
+        self._peers: dict[int, None] = {}
         self._making_peers = 0
         self._most_peers = peers_per_connection
 
@@ -246,9 +247,9 @@ class WsConnection:
         if isinstance(op, NewPeer | Restore):
             self._making_peers -= 1
             if failure is None:
-                self._peers.add(result if isinstance(op, NewPeer) else op.peer_id)
+                self._peers[result if isinstance(op, NewPeer) else op.peer_id] = None
         elif isinstance(op, ReleasePeer) or isinstance(failure, UnknownPeer):
-            self._peers.discard(op.peer_id)
+            self._peers.pop(op.peer_id, None)
 
     def _refusal(self, request_id: int, failure: Exception) -> dict:
         """The error answer; a 503 says how long to keep asking here (docs/protocol.md)."""

@@ -44,17 +44,12 @@ def lease_overrun() -> None:
 def expiry_early() -> None:
     """A node expires a peer a second before the expiry it would set (0.8 s before the one
     its client counts on, with the home's stretch for clock drift)."""
-    set_expiry, add = peers.PeerTable._set_expiry, peers.PeerTable._add
+    set_expiry = peers.PeerTable._set_expiry
 
-    def set_expiry_early(self, peer, peer_id, expires_at):
-        set_expiry(self, peer, peer_id, expires_at - 1.0)
-
-    def add_early(self, peer_id, peer):
-        peer.expires_at -= 1.0
-        add(self, peer_id, peer)
+    def set_expiry_early(self, peer_id, expires_at):
+        set_expiry(self, peer_id, expires_at - 1.0)
 
     peers.PeerTable._set_expiry = set_expiry_early
-    peers.PeerTable._add = add_early
 
 
 def gossip_merged_by_sum() -> None:

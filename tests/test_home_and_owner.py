@@ -7,6 +7,7 @@ repeated restores.
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -303,6 +304,33 @@ def test_a_table_drops_the_peers_of_one_group_without_looking_at_the_others():
     assert set(gone) == {p for p in peers[1:] if p % 3 == group}
     assert all(table.has_peer(p) == (p % 3 != group) for p in peers[1:])
     assert table.drop(group) == []
+
+
+def test_a_tables_peers_leave_the_garbage_collector_nothing_to_walk():
+    """A full collection walks every object the collector tracks: 100,000 peers as objects made
+    a node's full collections 30 to 40 ms long. Peers holding locks, waiting, renewed or
+    restored leave nothing tracked behind once the collector has looked at them."""
+    table = PeerTable(CONFIG, most=10_000, group_of=lambda peer_id: peer_id % 256)
+    rng = random.Random(3)
+    gc.collect()
+    before = len(gc.get_objects())
+    for n in range(3000):
+        peer_id = table.new_peer(60.0 + n, rng, lease=5.0)
+        ask = table.acquire(peer_id, "B", 1, 0.0, expires_in=30.0)
+        table.numbered(peer_id, n + 1)
+        if n % 3:
+            assert table.granted(peer_id, "B", ask.ticket, n)
+        if n % 3 == 2:
+            table.acquire(peer_id, "A", 1, 0.0)
+        table.heartbeat(peer_id, 90.0 + n, lease=6.0)
+        table.restore(rng.getrandbits(64), {"A": 1}, 60.0, lease=5.0)
+    assert len(table) == 6000
+    # A collection lets a tuple go only once it has let go of the tuples inside it: three
+    # levels take three collections at worst.
+    for _ in range(3):
+        gc.collect()
+    # The table's own containers, and its 256 groups' sets.
+    assert len(gc.get_objects()) - before < 300
 
 
 def test_an_owner_takes_on_no_record_of_a_semaphore_it_does_not_define():
