@@ -140,11 +140,11 @@ class Home:
     def lose(self, slot: int) -> list[int]:
         """Serve the peers of `slot` no more; their ids."""
         gone = self.peers.drop(slot)
-        for peer_id in gone:
-            self._deciding.pop(peer_id, None)
-            self._dirty.discard(peer_id)
-            self._gone.discard(peer_id)
         gone_set = set(gone)
+        for peer_id in [peer_id for peer_id in self._deciding if peer_id in gone_set]:
+            del self._deciding[peer_id]
+        self._dirty -= gone_set
+        self._gone -= gone_set
         self._due = {key: at for key, at in self._due.items() if key[0] not in gone_set}
         for key in [key for key in self._unconfirmed if key[0] in gone_set]:
             del self._unconfirmed[key]

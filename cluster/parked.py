@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import KeysView
 from dataclasses import dataclass, field
 
 from .semaphore_ops import Acquire
@@ -45,6 +46,10 @@ class ParkedAcquires:
     def of_peer(self, peer_id: int) -> list[ParkedAcquire]:
         """A peer's waiting acquires, oldest first (a copy)."""
         return list(self._by_peer.get(peer_id, ()))
+
+    def peers(self) -> KeysView[int]:
+        """The peers with an acquire waiting."""
+        return self._by_peer.keys()
 
     def count_of(self, peer_id: int) -> int:
         return len(self._by_peer.get(peer_id, ()))

@@ -430,8 +430,8 @@ class Shard:
                 self._changes.append(SlotGained(event.slot, event.previous, event.cold))
             elif isinstance(event, Lost):
                 slot = event.slot
-                gone = self.home.lose(slot)
-                for peer_id in gone:
+                waiting = self._parked.peers()
+                for peer_id in [p for p in self.home.lose(slot) if p in waiting]:
                     for request in self._parked.take_peer(peer_id):
                         self._reply(peer_id, Answer(request.request_id, NOT_YET))
                 self.owner.lose(self._slot_semaphores.get(slot, []))
