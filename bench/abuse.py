@@ -6,8 +6,9 @@
   its RSS at rest: target at most +100 MB;
 * while a client makes 100,000 peers in frames of 5,000 and they expire together, and while
   four clients keep asking `GET /peers/` of them, on a single node and on a cluster node: the
-  slowest `GET /health`, and the stalls of the node's own loop over 50 ms as it logs them
-  (node/stall_watch.py; target: none).
+  slowest `GET /health`, the stalls of the node's own loop over 50 ms as it logs them
+  (node/stall_watch.py; target: none), and its full garbage collections
+  (`sluicegate_gc_pause_seconds`).
 
     python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000]
 
@@ -103,7 +104,33 @@ def stalls_of(node: NodeProcess) -> tuple[int, float]:
     return count, longest
 
 
-def during_expiry(peers: int, cluster: bool) -> tuple[float, int, float]:
+def full_collections(node: NodeProcess) -> tuple[int, float, str]:
+    """The node's full garbage collections so far, from `sluicegate_gc_pause_seconds` on its
+    /metrics: how many, their mean in ms, and the bucket that holds the longest ("<= 10 ms")."""
+    with urllib.request.urlopen(f"{node.url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    family = "sluicegate_gc_pause_seconds"
+    count = float(re.search(rf'^{family}_count{{generation="2"}} (\S+)$', text, re.M).group(1))
+    total = float(re.search(rf'^{family}_sum{{generation="2"}} (\S+)$', text, re.M).group(1))
+    longest = "none"
+    for bound, below in re.findall(
+        rf'^{family}_bucket{{generation="2",le="([^"]+)"}} (\S+)$', text, re.M
+    ):
+        if count and float(below) == count:
+            longest = f"<= {float(bound) * 1000:g} ms"
+            break
+    return int(count), total / count * 1000 if count else 0.0, longest
+
+
+GC_HEADER = f"{'full GCs':>8}  {'mean':>8}  {'longest':>12}"
+
+
+def gc_columns(collections: tuple[int, float, str]) -> str:
+    count, mean, longest = collections
+    return f"{count:>8}  {mean:>5.1f} ms  {longest:>12}"
+
+
+def during_expiry(peers: int, cluster: bool) -> tuple[float, int, float, tuple[int, float, str]]:
     """Make `peers` peers in frames of 5,000, and let them expire together, on a single node or
     on a cluster node (a cluster of one: the same shard, home and writes as in three): the
     slowest `GET /health` while they expire (s), and the node's stalls meanwhile and while they
@@ -122,11 +149,14 @@ def during_expiry(peers: int, cluster: bool) -> tuple[float, int, float]:
             urllib.request.urlopen(f"{node.url}/health", timeout=30).read()
             longest = max(longest, time.monotonic() - started)
             time.sleep(0.005)
+        collections = full_collections(node)
         node.stop()
-    return (longest, *stalls_of(node))
+    return (longest, *stalls_of(node), collections)
 
 
-def while_listing(peers: int, cluster: bool, listers: int = 4) -> tuple[float, float, int, float]:
+def while_listing(
+    peers: int, cluster: bool, listers: int = 4
+) -> tuple[float, float, int, float, tuple[int, float, str]]:
     """Seconds of the slowest `GET /health` while `listers` clients keep asking `GET /peers/`
     of `peers` peers, for 5 s; of the slowest `GET /peers/`; and the node's stalls while the
     peers were made and listed (`stalls_of`)."""
@@ -158,8 +188,9 @@ def while_listing(peers: int, cluster: bool, listers: int = 4) -> tuple[float, f
                     await trio.sleep(0.005)
 
         trio.run(run)
+        collections = full_collections(node)
         node.stop()
-    return (slowest["health"], slowest["list"], *stalls_of(node))
+    return (slowest["health"], slowest["list"], *stalls_of(node), collections)
 
 
 def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
@@ -203,21 +234,27 @@ def main() -> None:
         f"\n{args.peers} peers made in frames of 5,000, then expiring together (target: no "
         "stall over 50 ms)"
     )
-    print(f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}")
+    print(
+        f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}  "
+        f"{GC_HEADER}"
+    )
     for name, cluster in (("single node", False), ("cluster node", True)):
-        health, stalls, longest = during_expiry(args.peers, cluster)
-        print(f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms")
+        health, stalls, longest, collections = during_expiry(args.peers, cluster)
+        print(
+            f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms  "
+            f"{gc_columns(collections)}"
+        )
 
     print(f"\n{args.peers} peers made, then four clients asking GET /peers/ for 5 s")
     print(
         f"{'':<14}  {'slowest /health':>15}  {'slowest /peers/':>15}  {'stalls > 50 ms':>14}  "
-        f"{'longest stall':>13}"
+        f"{'longest stall':>13}  {GC_HEADER}"
     )
     for name, cluster in (("single node", False), ("cluster node", True)):
-        health, listing, stalls, longest = while_listing(args.peers, cluster)
+        health, listing, stalls, longest, collections = while_listing(args.peers, cluster)
         print(
             f"{name:<14}  {health * 1000:>12.0f} ms  {listing * 1000:>12.0f} ms  {stalls:>14}  "
-            f"{longest:>10.0f} ms"
+            f"{longest:>10.0f} ms  {gc_columns(collections)}"
         )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import trio
 
 from .config import ConfigError, NodeConfig, load_config, parse_section, whole_number
+from .gc_pauses import GC_PAUSES
 from .logs import FORMATS, choose_level, clip, setup_logging
 from .server import run_node
 from .settings import add_flags, apply, given
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     # What is loaded by now lives as long as the process: keep it out of the garbage collector's
     # full collections, whose pauses grow with every object they look at.
     gc.freeze()
+    GC_PAUSES.watch()
     try:
         trio.run(run_node, config, args.address, port)
     except* OSError as group:

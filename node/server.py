@@ -27,6 +27,7 @@ from .clock import TRIO_CLOCK, Clock
 from .cluster_admin import ClusterAdmin
 from .config import NodeConfig, definitions_digest
 from .dns_discovery import DnsDiscovery, dns_resolver
+from .gc_pauses import GC_PAUSES
 from .latencies import LatencyCollector
 from .link_codec import LINK_CODEC
 from .links import Dialer, Links, websocket_dialer
@@ -135,6 +136,7 @@ async def run_node(
     )
     if config.rate_limits or config.cluster.secret:
         metrics.registry.register(LatencyCollector(app.latencies))
+        metrics.registry.register(GC_PAUSES)
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         await nursery.start(watch_stalls)

@@ -1,8 +1,10 @@
 """Latency histograms: bucket arithmetic, and the families a real node serves on `/metrics` per
-HTTP route and per `/ws` op (none on a node configured as Throttle would be)."""
+HTTP route and per `/ws` op, and its garbage collector's pauses (none on a node configured as
+Throttle would be)."""
 
 from __future__ import annotations
 
+import gc
 import re
 import urllib.request
 
@@ -11,6 +13,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
+from sluicegate.node.gc_pauses import GcPauses
 from sluicegate.node.latencies import BOUNDS, Histogram, Latencies, LatencyCollector
 
 from .nodes import NodeProcess
@@ -51,6 +54,21 @@ def test_the_collector_names_each_route_and_op_it_saw():
     } == {("sluicegate_http_request_duration_seconds_count", "/peers/{id}/{semaphore}", 1)}
     ws = families["sluicegate_ws_request_duration_seconds"]
     assert [s.value for s in ws.samples if s.name.endswith("_count")] == [1]
+
+
+def test_every_collection_is_timed_by_its_generation():
+    pauses = GcPauses()
+    pauses.watch()
+    pauses.watch()  # once only
+    try:
+        gc.collect()
+    finally:
+        pauses.unwatch()
+    gc.collect()
+    full = [family for family in pauses.collect()][0]
+    counts = {s.labels["generation"]: s.value for s in full.samples if s.name.endswith("_count")}
+    assert set(counts) == {"0", "1", "2"} and counts["2"] == 1
+    assert pauses.generations[2].total > 0
 
 
 def metrics(node: NodeProcess) -> str:
@@ -106,6 +124,8 @@ async def test_a_node_times_every_route_and_ws_op_with_fixed_labels(tmp_path):
     assert count(text, ws, op="check") == 2
     assert count(text, ws, op="rejected") == 1
     assert re.search(rf'^{ws}_bucket\{{le="\+Inf",op="check"\}} 2\.0$', text, re.MULTILINE)
+    # Answering allocates: the young generation has been collected, and timed.
+    assert count(text, "sluicegate_gc_pause_seconds", generation="0") >= 1
 
 
 @pytest.mark.process
