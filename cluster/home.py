@@ -29,7 +29,9 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 
+from .deadlines import Deadlines
 from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
     Audit,
@@ -110,13 +112,13 @@ class Home:
         )
         self._owner_of = owner_of
         # Locks to tell their owners about again: (peer, semaphore) -> when.
-        self._due: dict[tuple[int, str], float] = {}
+        self._due: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0))
         # Peers whose acquire waits for the owner's first answer: peer -> until when.
-        self._deciding: dict[int, float] = {}
+        self._deciding: Deadlines[int] = Deadlines(int)
         # Releases not confirmed yet: (peer, semaphore, ticket) -> until when to wait, and when
         # to send them again.
-        self._unconfirmed: dict[tuple[int, str, int], float] = {}
-        self._resend: dict[tuple[int, str, int], float] = {}
+        self._unconfirmed: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0))
+        self._resend: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0))
         # Changed or gone since the last `changed()`: to be written.
         self._dirty: set[int] = set()
         self._gone: set[int] = set()
@@ -141,14 +143,12 @@ class Home:
         """Serve the peers of `slot` no more; their ids."""
         gone = self.peers.drop(slot)
         gone_set = set(gone)
-        for peer_id in [peer_id for peer_id in self._deciding if peer_id in gone_set]:
-            del self._deciding[peer_id]
         self._dirty -= gone_set
         self._gone -= gone_set
-        self._due = {key: at for key, at in self._due.items() if key[0] not in gone_set}
-        for key in [key for key in self._unconfirmed if key[0] in gone_set]:
-            del self._unconfirmed[key]
-            self._resend.pop(key, None)
+        for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend):
+            for peer_id in gone_set & deadlines.peers():
+                for key in deadlines.of_peer(peer_id):
+                    deadlines.pop(key)
         return gone
 
     # -- the Throttle API ------------------------------------------------------------------
@@ -190,7 +190,7 @@ class Home:
         decision = self.peers.acquire(peer_id, semaphore, count, now, expires_in, STRETCH)
         if not isinstance(decision, AskOwner):
             return decision
-        self._deciding[peer_id] = now + DECISION_TIMEOUT
+        self._deciding.set(peer_id, now + DECISION_TIMEOUT)
         self._tell_owner(peer_id, semaphore, now)
         return None
 
@@ -227,7 +227,7 @@ class Home:
                 self._answered(sender, message, now)
             case LockRefused(peer_id, name, ticket):
                 if self.peers.ticket(peer_id, name) == ticket:
-                    self._due[peer_id, name] = now + RETRY_INTERVAL
+                    self._due.set((peer_id, name), now + RETRY_INTERVAL)
             case LockReleased(peer_id, name, ticket):
                 self._confirm(peer_id, name, ticket)
             case Audit(peer_ids, names, tickets):
@@ -243,14 +243,14 @@ class Home:
                 self._outbox.append((sender, LockRelease(peer_id, name, ticket, False)))
                 self._outbox.append((sender, LockTaken(peer_id, name, ticket)))
             return
-        self._deciding.pop(peer_id, None)
+        self._deciding.pop(peer_id)
         if not answer.granted:
             pending = self.peers.pending(peer_id)
             if pending is not None and pending[0] == name:
-                self._due[peer_id, name] = now + QUEUED_RECHECK
+                self._due.set((peer_id, name), now + QUEUED_RECHECK)
                 self._events.append(Queued(peer_id, name))
             return
-        self._due.pop((peer_id, name), None)
+        self._due.pop((peer_id, name))
         pending = self.peers.pending(peer_id)
         waiting = pending is not None and pending[0] == name  # else: a held lock, confirmed
         if self.peers.granted(peer_id, name, ticket, answer.token):
@@ -265,7 +265,7 @@ class Home:
 
     def unconfirmed(self, peer_id: int) -> bool:
         """Has the peer a release its owner has not confirmed yet?"""
-        return any(key[0] == peer_id for key in self._unconfirmed)
+        return self._unconfirmed.has_peer(peer_id)
 
     # -- time -------------------------------------------------------------------------------
 
@@ -274,28 +274,28 @@ class Home:
         if expiry is None or (expiry <= self._expired_at and not self._expire_more):
             # Due already, so spared: such a peer's time comes with its decision's.
             expiry = math.inf
-        deadlines = [expiry]
-        deadlines.extend(self._due.values())
-        deadlines.extend(self._deciding.values())
-        deadlines.extend(self._unconfirmed.values())
-        deadlines.extend(self._resend.values())
-        return min(deadlines)
+        return min(
+            expiry,
+            self._due.next_deadline(),
+            self._deciding.next_deadline(),
+            self._unconfirmed.next_deadline(),
+            self._resend.next_deadline(),
+        )
 
     def tick(self, now: float) -> None:
         """Spare no peer whose decision took too long, tell owners again what they did not
         answer, stop waiting for confirmations that take too long. (Peers expire in `expire`,
         which the shard runs once a step.)"""
         self._now = now
-        for peer_id, until in list(self._deciding.items()):
-            if now >= until:
-                del self._deciding[peer_id]
-        for (peer_id, name), at in list(self._due.items()):
-            if now >= at:
-                self._tell_owner(peer_id, name, now)
-        for key, until in list(self._unconfirmed.items()):
-            if now >= until:
+        for peer_id in self._deciding.due(now):
+            self._deciding.pop(peer_id)
+        for peer_id, name in self._due.due(now):
+            self._tell_owner(peer_id, name, now)
+        due = {*self._unconfirmed.due(now), *self._resend.due(now)}
+        for key in sorted(due, key=self._unconfirmed.order):
+            if now >= self._unconfirmed.get(key):
                 self._confirm(*key)
-            elif now >= self._resend[key]:
+            else:
                 self._send_release(*key, now)
 
     def expire(self, now: float) -> None:
@@ -340,32 +340,32 @@ class Home:
         it is held. Until an owner answers, it goes again every `RETRY_INTERVAL`."""
         ticket = self.peers.ticket(peer_id, name)
         if ticket is None:
-            self._due.pop((peer_id, name), None)
+            self._due.pop((peer_id, name))
             return
         pending = self.peers.pending(peer_id)
         if pending is not None and pending[0] == name:
             message: object = LockRequest(peer_id, name, pending[1], ticket)
         else:
             message = LockRestore(peer_id, name, self.peers.holds(peer_id, name), ticket)
-        self._due[peer_id, name] = now + RETRY_INTERVAL
+        self._due.set((peer_id, name), now + RETRY_INTERVAL)
         owner = self._owner_of(name)
         if owner is not None:
             self._outbox.append((owner, message))
 
     def _release(self, peer_id: int, name: str, ticket: int, now: float) -> None:
-        self._due.pop((peer_id, name), None)
-        self._unconfirmed[peer_id, name, ticket] = now + RELEASE_PATIENCE
+        self._due.pop((peer_id, name))
+        self._unconfirmed.set((peer_id, name, ticket), now + RELEASE_PATIENCE)
         self._send_release(peer_id, name, ticket, now)
 
     def _send_release(self, peer_id: int, name: str, ticket: int, now: float) -> None:
-        self._resend[peer_id, name, ticket] = now + RETRY_INTERVAL
+        self._resend.set((peer_id, name, ticket), now + RETRY_INTERVAL)
         owner = self._owner_of(name)
         if owner is not None:
             self._outbox.append((owner, LockRelease(peer_id, name, ticket, True)))
 
     def _confirm(self, peer_id: int, name: str, ticket: int) -> None:
-        self._resend.pop((peer_id, name, ticket), None)
-        if self._unconfirmed.pop((peer_id, name, ticket), None) is None:
+        self._resend.pop((peer_id, name, ticket))
+        if self._unconfirmed.pop((peer_id, name, ticket)) is None:
             return
         if not self.unconfirmed(peer_id):
             self._events.append(Confirmed(peer_id))
@@ -373,7 +373,7 @@ class Home:
     def _peer_gone(
         self, peer_id: int, locks: list[tuple[str, int]], expired: bool, now: float
     ) -> None:
-        self._deciding.pop(peer_id, None)
+        self._deciding.pop(peer_id)
         self._gone.add(peer_id)
         self._dirty.discard(peer_id)
         self._events.append(Removed(peer_id, expired))

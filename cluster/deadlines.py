@@ -1,0 +1,103 @@
+"""Keys with a deadline each, for a home's timers: a lock to tell its owner about again, an
+acquire waiting for its owner's first answer, a release waiting for its confirmation.
+
+A home keeps one per waiting lock, so tens of thousands of them. Looking at every one at every
+step (to find those due, and the earliest) cost a node 17 ms a step with 20,000 acquires waiting.
+Here a lazy heap finds the due ones, and the keys of a peer are grouped to drop them with it.
+Those due come back in the order their keys were first set, as a dict iterates: what a home
+sends for them goes out in the same order as when it went through a dict.
+
+Pure: `now` comes in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Hashable, KeysView
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Deadlines(Generic[K]):
+    def __init__(self, peer_of: Callable[[K], int]) -> None:
+        self._at: dict[K, float] = {}
+        # When each key was first set (kept while it is set again): the order `due` gives.
+        self._order: dict[K, int] = {}
+        self._sequence = itertools.count()
+        # (deadline, order, key); an entry is stale once its key is gone or has another deadline.
+        self._heap: list[tuple[float, int, K]] = []
+        self._peer_of = peer_of
+        self._by_peer: dict[int, dict[K, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._at
+
+    def get(self, key: K, default: float | None = None) -> float | None:
+        return self._at.get(key, default)
+
+    def set(self, key: K, at: float) -> None:
+        order = self._order.get(key)
+        if order is None:
+            order = self._order[key] = next(self._sequence)
+            self._by_peer.setdefault(self._peer_of(key), {})[key] = None
+        self._at[key] = at
+        heapq.heappush(self._heap, (at, order, key))
+        if len(self._heap) > 2 * len(self._at) + 64:
+            self._heap = [(at, self._order[key], key) for key, at in self._at.items()]
+            heapq.heapify(self._heap)
+
+    def pop(self, key: K) -> float | None:
+        """Forget `key`; its deadline, or None if it had none."""
+        at = self._at.pop(key, None)
+        if at is None:
+            return None
+        del self._order[key]
+        peer = self._peer_of(key)
+        keys = self._by_peer[peer]
+        del keys[key]
+        if not keys:
+            del self._by_peer[peer]
+        return at
+
+    def of_peer(self, peer_id: int) -> list[K]:
+        """The keys of one peer, in the order they were first set."""
+        return list(self._by_peer.get(peer_id, ()))
+
+    def has_peer(self, peer_id: int) -> bool:
+        return peer_id in self._by_peer
+
+    def peers(self) -> KeysView[int]:
+        """The peers with a key set."""
+        return self._by_peer.keys()
+
+    def order(self, key: K) -> int:
+        """Where `key` stands among the keys set (an earlier key, a smaller number)."""
+        return self._order[key]
+
+    def due(self, now: float) -> list[K]:
+        """The keys whose deadline is at or before `now`, in the order they were first set.
+        They stay set: the caller sets them again or pops them."""
+        heap, found = self._heap, {}
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            at, order, key = entry
+            if self._at.get(key) == at and self._order[key] == order:
+                found[key] = entry
+        for entry in found.values():
+            heapq.heappush(heap, entry)
+        return sorted(found, key=self._order.__getitem__)
+
+    def next_deadline(self) -> float:
+        heap = self._heap
+        while heap:
+            at, order, key = heap[0]
+            if self._at.get(key) == at and self._order[key] == order:
+                return at
+            heapq.heappop(heap)
+        return math.inf

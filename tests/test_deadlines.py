@@ -1,0 +1,71 @@
+"""A home's timers (cluster/deadlines.py): the due ones found without looking at the rest, in the
+order a dict of them would give, and a peer's dropped with it."""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+from sluicegate.cluster.deadlines import Deadlines
+
+
+def test_the_due_keys_come_in_the_order_they_were_first_set_not_by_deadline():
+    deadlines: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0))
+    deadlines.set((1, "A"), 5.0)
+    deadlines.set((2, "A"), 1.0)
+    deadlines.set((3, "B"), 3.0)
+    deadlines.set((4, "B"), 9.0)
+    assert deadlines.next_deadline() == 1.0
+    assert deadlines.due(0.5) == []
+    assert deadlines.due(5.0) == [(1, "A"), (2, "A"), (3, "B")]
+    # Due keys stay until they are set again or popped.
+    assert deadlines.due(5.0) == [(1, "A"), (2, "A"), (3, "B")]
+
+
+def test_a_key_set_again_keeps_its_place_and_a_key_popped_and_set_goes_last():
+    deadlines: Deadlines[int] = Deadlines(int)
+    for key in (1, 2, 3):
+        deadlines.set(key, 1.0)
+    deadlines.set(1, 2.0)  # later, same place
+    assert deadlines.due(1.5) == [2, 3]
+    assert deadlines.pop(2) == 1.0 and deadlines.pop(2) is None
+    deadlines.set(2, 1.0)
+    assert deadlines.due(2.0) == [1, 3, 2]
+    assert deadlines.get(1) == 2.0 and 1 in deadlines and 7 not in deadlines
+
+
+def test_a_deadline_moved_or_dropped_leaves_nothing_due_behind():
+    deadlines: Deadlines[int] = Deadlines(int)
+    deadlines.set(1, 1.0)
+    deadlines.set(1, 4.0)
+    deadlines.set(2, 2.0)
+    deadlines.pop(2)
+    assert deadlines.next_deadline() == 4.0
+    assert deadlines.due(3.0) == []
+    deadlines.pop(1)
+    assert deadlines.next_deadline() == float("inf") and len(deadlines) == 0
+
+
+def test_a_peers_keys_are_found_and_dropped_without_the_others():
+    deadlines: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0))
+    deadlines.set((7, "A", 1), 1.0)
+    deadlines.set((8, "A", 1), 1.0)
+    deadlines.set((7, "B", 2), 1.0)
+    assert deadlines.of_peer(7) == [(7, "A", 1), (7, "B", 2)]
+    assert set(deadlines.peers()) == {7, 8}
+    for key in deadlines.of_peer(7):
+        deadlines.pop(key)
+    assert not deadlines.has_peer(7) and deadlines.has_peer(8)
+    assert deadlines.due(1.0) == [(8, "A", 1)]
+
+
+def test_renewals_do_not_grow_the_heap_without_bound():
+    """Every renewal leaves a stale entry behind; they are thrown out once they outnumber the
+    keys."""
+    deadlines: Deadlines[int] = Deadlines(int)
+    for key in range(100):
+        deadlines.set(key, 1.0)
+    for round_ in range(2, 50):
+        for key in range(100):
+            deadlines.set(key, float(round_))
+    assert len(deadlines._heap) <= 2 * 100 + 64
+    assert deadlines.due(49.0) == list(range(100))
