@@ -29,7 +29,14 @@ from .lock_messages import (
     LockRestore,
     LockTaken,
 )
-from .semaphore_leases import SemaphoreConfig, SemaphoreLeases, SemaphoreRecord, SemaphoreStats
+from .semaphore_leases import (
+    LockRecord,
+    SemaphoreConfig,
+    SemaphoreLeases,
+    SemaphoreRecord,
+    SemaphoreStats,
+    lock_key,
+)
 
 AUDIT_INTERVAL = 2.0
 # A release waits at most this long for the homes of the waiters it granted to take them.
@@ -59,8 +66,9 @@ class Owner:
         self._cold_start_grace = cold_start_grace
         # The semaphores whose slot this node acts for.
         self._acting: set[str] = set()
-        # Changed since the last `changed()`: to be written.
-        self._dirty: set[str] = set()
+        # Changed since the last `changed()`, to be written: semaphore -> the peers whose lock
+        # there may have changed.
+        self._dirty: dict[str, set[int]] = {}
         self._acks: list[_ReleaseAck] = []
         self._audit_at = -math.inf
         self._outbox: list[tuple[str, object]] = []
@@ -70,7 +78,7 @@ class Owner:
     def gain(
         self,
         names: Iterable[str],
-        records: Iterable[SemaphoreRecord],
+        records: Iterable[SemaphoreRecord | LockRecord],
         now: float,
         epoch: int,
         cold: bool,
@@ -89,7 +97,8 @@ class Owner:
         names = set(names)
         self.leases.drop(names)
         self._acting -= names
-        self._dirty -= names
+        for name in names:
+            self._dirty.pop(name, None)
         self._acks = [ack for ack in self._acks if ack.answer.semaphore not in names]
 
     def acts_for(self, name: str) -> bool:
@@ -106,7 +115,7 @@ class Owner:
                 ack.waiting.discard((message.peer_id, message.ticket))
             self._send_acks(now)
             return
-        self._dirty.add(name)
+        self._dirty.setdefault(name, set()).add(message.peer_id)
         if isinstance(message, LockRelease):
             leases.release(message.peer_id, name, message.ticket)
             ack = _ReleaseAck(
@@ -136,7 +145,7 @@ class Owner:
         """Tell the homes of the waiters just granted; (peer id, ticket) of each."""
         delivered = []
         for grant in self.leases.events():
-            self._dirty.add(grant.semaphore)
+            self._dirty.setdefault(grant.semaphore, set()).add(grant.peer_id)
             ticket = self.leases.ticket(grant.peer_id, grant.semaphore)
             token = self.leases.token(grant.peer_id, grant.semaphore)
             home = self._home_of(grant.peer_id)
@@ -201,10 +210,22 @@ class Owner:
 
     # -- outputs ----------------------------------------------------------------------------
 
-    def changed(self) -> list[str]:
-        """The semaphores changed since the last call (to be written)."""
-        changed, self._dirty = self._dirty, set()
-        return sorted(changed)
+    def changed(self) -> list[tuple[str, list[SemaphoreRecord | LockRecord], list[str]]]:
+        """What changed since the last call, to be written, semaphore by semaphore: its name,
+        its own record and those of its locks that changed, and the keys of those gone."""
+        dirty, self._dirty = self._dirty, {}
+        changes = []
+        for name in sorted(dirty):
+            records: list[SemaphoreRecord | LockRecord] = [self.leases.header(name)]
+            gone = []
+            for peer_id in sorted(dirty[name]):
+                lock = self.leases.lock_record(name, peer_id)
+                if lock is None:
+                    gone.append(lock_key(name, peer_id))
+                else:
+                    records.append(lock)
+            changes.append((name, records, gone))
+        return changes
 
     def outbox(self) -> list[tuple[str, object]]:
         outbox, self._outbox = self._outbox, []

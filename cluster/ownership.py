@@ -49,7 +49,7 @@ from .peers import PeerRecord
 from .replication import PART_RECORDS, Accept, Accepted, CommitGate, Record, SlotCopy, SlotWriter
 from .replication import quorum as quorum_of
 from .ring import Ring
-from .semaphore_leases import SemaphoreRecord
+from .semaphore_leases import LockRecord, SemaphoreRecord
 from .slots import DRIFT, NO_BALLOT, SLOTS, Ballot, slot_owners
 
 # A recovering life asks again this often.
@@ -72,7 +72,7 @@ class Promise:
     ballot: Ballot
     accepted: Ballot
     version: int
-    records: list[PeerRecord | SemaphoreRecord]
+    records: list[PeerRecord | SemaphoreRecord | LockRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ class SlotImage:
     promised: Ballot
     accepted: Ballot
     version: int
-    records: list[PeerRecord | SemaphoreRecord]
+    records: list[PeerRecord | SemaphoreRecord | LockRecord]
 
 
 @dataclass(frozen=True, slots=True)

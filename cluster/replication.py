@@ -8,9 +8,10 @@
 * `CommitGate` holds back what a node would say (answers, messages) until the writes made before
   it are committed, and fails it if one of them never will be.
 
-Records are the home's peers and the owner's semaphores (`PeerRecord`, `SemaphoreRecord`); each
-has a `key` unique within its slot and ages by `aged(elapsed)`: its remaining lifetimes shrink by
-`elapsed`, after growing by `STRETCH` (one hop: no copy runs out before its original).
+Records are the home's peers and the owner's semaphores and their locks (`PeerRecord`,
+`SemaphoreRecord`, `LockRecord`); each has a `key` unique within its slot and ages by
+`aged(elapsed)`: its remaining lifetimes shrink by `elapsed`, after growing by `STRETCH` (one hop:
+no copy runs out before its original).
 
 Pure: `now` comes in.
 """
@@ -23,10 +24,10 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .peers import PeerRecord
-from .semaphore_leases import SemaphoreRecord
+from .semaphore_leases import LockRecord, SemaphoreRecord
 from .slots import NO_BALLOT, Ballot
 
-Record = PeerRecord | SemaphoreRecord
+Record = PeerRecord | SemaphoreRecord | LockRecord
 # At most this many records go in one message (a slot's copy, whole, may be sent in parts).
 PART_RECORDS = 2000
 
@@ -40,7 +41,7 @@ class Accept:
     ballot: Ballot
     version: int
     whole: bool
-    records: list[PeerRecord | SemaphoreRecord]
+    records: list[PeerRecord | SemaphoreRecord | LockRecord]
     gone: list[int | str]
 
 
@@ -105,7 +106,7 @@ def _kept(record: Record, now: float) -> tuple:
     """How a copy keeps a record that arrived at `now`. A peer's as a tuple of plain values,
     which the garbage collector stops tracking: every node keeps every peer of the cluster as an
     acceptor, and as objects they made its full collections long (140 ms for 100,000 peers).
-    A semaphore's (there are few) as it is."""
+    A semaphore's and a lock's as they are."""
     if isinstance(record, PeerRecord):
         return (
             now,

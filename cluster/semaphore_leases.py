@@ -48,31 +48,48 @@ TOKEN_EPOCH_SHIFT = 22
 
 @dataclass(frozen=True, slots=True)
 class LockRecord:
-    """A lock at its semaphore's owner: the home's `ticket` for it, and the fencing token it
-    was granted with (0 while it waits)."""
+    """A lock at its semaphore's owner, as written to its slot's acceptors: the home's `ticket`
+    for it, the fencing token it was granted with (0 while it waits), and its `place`, which
+    orders a semaphore's holders (as they were granted) and its waiters (as they came)."""
 
+    semaphore: str
     peer_id: int
     count: int
     ticket: int
     token: int
+    waiting: bool
+    place: int
+
+    @property
+    def key(self) -> str:
+        return lock_key(self.semaphore, self.peer_id)
+
+    def aged(self, elapsed: float) -> LockRecord:
+        return self
 
 
 @dataclass(frozen=True, slots=True)
 class SemaphoreRecord:
-    """One semaphore as written to its slot's acceptors: the holders, the waiters in arrival
-    order, and the next fencing token."""
+    """One semaphore's own state as written to its slot's acceptors: the next fencing token
+    and the next place. Each of its locks is a record of its own (`LockRecord`), so a write
+    carries the locks that changed, not every holder and waiter."""
 
     name: str
     next_token: int
-    holders: list[LockRecord]
-    waiters: list[LockRecord]
+    next_place: int
 
     @property
     def key(self) -> str:
-        return self.name
+        return "s:" + self.name
 
     def aged(self, elapsed: float) -> SemaphoreRecord:
         return self
+
+
+def lock_key(semaphore: str, peer_id: int) -> str:
+    """The key of a lock's record in its slot: apart from a semaphore's ("s:...") and a peer's
+    (an int)."""
+    return f"l:{peer_id}:{semaphore}"
 
 
 class _Semaphore:
@@ -86,6 +103,8 @@ class _Semaphore:
         "tickets",
         "next_token",
         "queue",
+        "places",
+        "next_place",
         "grace_until",
     )
 
@@ -102,6 +121,9 @@ class _Semaphore:
         self.next_token = epoch << TOKEN_EPOCH_SHIFT
         # Waiters in arrival order: peer id -> (count, waiting since).
         self.queue: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        # Each lock's place: holders' in the order they were granted, waiters' as they came.
+        self.places: dict[int, int] = {}
+        self.next_place = 0
         # While set, a grace period runs until then: restores count, nothing new is granted.
         self.grace_until: float | None = None
 
@@ -150,6 +172,7 @@ class SemaphoreLeases:
         else:
             sem.queue[peer_id] = (count, now)
             sem.pending += count
+            _place(sem, peer_id)
         sem.tickets[peer_id] = ticket
         self._in_use.add(sem.name)
         return peer_id in sem.holders
@@ -202,56 +225,79 @@ class SemaphoreLeases:
             self.restores_beyond_max += 1
         return True
 
-    def snapshot(self, names: Iterable[str] | None = None) -> list[SemaphoreRecord]:
-        """Records of the semaphores `names` (default: all)."""
-        chosen = self._semaphores.values() if names is None else map(self._semaphore, names)
-        return [
-            SemaphoreRecord(
-                sem.name,
-                sem.next_token,
-                [
-                    LockRecord(peer_id, count, sem.tickets[peer_id], sem.tokens[peer_id])
-                    for peer_id, count in sem.holders.items()
-                ],
-                [
-                    LockRecord(peer_id, count, sem.tickets[peer_id], 0)
-                    for peer_id, (count, _) in sem.queue.items()
-                ],
+    def header(self, name: str) -> SemaphoreRecord:
+        """The semaphore's own record."""
+        sem = self._semaphore(name)
+        return SemaphoreRecord(name, sem.next_token, sem.next_place)
+
+    def lock_record(self, name: str, peer_id: int) -> LockRecord | None:
+        """The record of the peer's lock on `name`; None if it has none there."""
+        sem = self._semaphore(name)
+        count = sem.holders.get(peer_id)
+        if count is not None:
+            token = sem.tokens[peer_id]
+            return LockRecord(
+                name, peer_id, count, sem.tickets[peer_id], token, False, sem.places[peer_id]
             )
-            for sem in chosen
-        ]
+        waiting = sem.queue.get(peer_id)
+        if waiting is None:
+            return None
+        ticket, place = sem.tickets[peer_id], sem.places[peer_id]
+        return LockRecord(name, peer_id, waiting[0], ticket, 0, True, place)
+
+    def records(self, names: Iterable[str] | None = None) -> list[SemaphoreRecord | LockRecord]:
+        """Every record of the semaphores `names` (default: all): each one's own, then its
+        holders' and its waiters'."""
+        records: list[SemaphoreRecord | LockRecord] = []
+        for name in self._semaphores if names is None else names:
+            sem = self._semaphore(name)
+            records.append(self.header(name))
+            for peer_id in [*sem.holders, *sem.queue]:
+                records.append(self.lock_record(name, peer_id))
+        return records
 
     def holdings(self, semaphore: str) -> list[tuple[int, int]]:
         """(peer id, ticket) of every holder and waiter of `semaphore`."""
         sem = self._semaphore(semaphore)
         return list(sem.tickets.items())
 
-    def load(self, records: Iterable[SemaphoreRecord], now: float, epoch: int) -> None:
+    def load(self, records: Iterable[SemaphoreRecord | LockRecord], now: float, epoch: int) -> None:
         """Take on the semaphores of `records` (whose slot this node now acts for), in place of
         what was known of them here. Tokens continue from the record's counter, and at least in
-        `epoch` (a new era's: above every token of the eras before). Waiters keep their order;
-        their waiting starts `now`."""
+        `epoch` (a new era's: above every token of the eras before). Holders and waiters go back
+        to their places; the waiters' waiting starts `now`."""
+        headers: dict[str, SemaphoreRecord] = {}
+        locks: dict[str, list[LockRecord]] = {}
         for record in records:
-            old = self._semaphores.get(record.name)
+            if isinstance(record, SemaphoreRecord):
+                headers[record.name] = record
+            else:
+                locks.setdefault(record.semaphore, []).append(record)
+        for name, header in headers.items():
+            old = self._semaphores.get(name)
             if old is None:
                 # A semaphore another node defines and this one does not (members configured
-                # otherwise): its record stays on the acceptors as it was, for an owner that
+                # otherwise): its records stay on the acceptors as they were, for an owner that
                 # defines it.
                 continue
-            self._in_grace.discard(record.name)
-            sem = self._semaphores[record.name] = _Semaphore(
-                record.name, self._config[record.name], 0
-            )
-            sem.next_token = max(record.next_token, old.next_token, epoch << TOKEN_EPOCH_SHIFT)
-            for lock in record.holders:
-                sem.holders[lock.peer_id] = lock.count
-                sem.tokens[lock.peer_id] = lock.token
-                sem.tickets[lock.peer_id] = lock.ticket
-                sem.acquired += lock.count
-            for lock in record.waiters:
-                sem.queue[lock.peer_id] = (lock.count, now)
-                sem.tickets[lock.peer_id] = lock.ticket
-                sem.pending += lock.count
+            self._in_grace.discard(name)
+            sem = self._semaphores[name] = _Semaphore(name, self._config[name], 0)
+            sem.next_token = max(header.next_token, old.next_token, epoch << TOKEN_EPOCH_SHIFT)
+            ordered = sorted(locks.get(name, ()), key=lambda lock: lock.place)
+            sem.next_place = max(header.next_place, *(lock.place + 1 for lock in ordered), 0)
+            for lock in ordered:
+                if not lock.waiting:
+                    sem.holders[lock.peer_id] = lock.count
+                    sem.tokens[lock.peer_id] = lock.token
+                    sem.tickets[lock.peer_id] = lock.ticket
+                    sem.places[lock.peer_id] = lock.place
+                    sem.acquired += lock.count
+            for lock in ordered:
+                if lock.waiting:
+                    sem.queue[lock.peer_id] = (lock.count, now)
+                    sem.tickets[lock.peer_id] = lock.ticket
+                    sem.places[lock.peer_id] = lock.place
+                    sem.pending += lock.count
             if sem.tickets:
                 self._in_use.add(sem.name)
             else:
@@ -347,6 +393,7 @@ class SemaphoreLeases:
                 return False
             sem.pending -= waiting[0]
         sem.tickets.pop(peer_id, None)
+        del sem.places[peer_id]
         if not sem.tickets:
             self._in_use.discard(sem.name)
         return True
@@ -373,3 +420,10 @@ class SemaphoreLeases:
         sem.acquired += count
         sem.tokens[peer_id] = sem.next_token
         sem.next_token += 1
+        _place(sem, peer_id)
+
+
+def _place(sem: _Semaphore, peer_id: int) -> None:
+    """The lock of `peer_id` goes last among the holders or the waiters it just joined."""
+    sem.places[peer_id] = sem.next_place
+    sem.next_place += 1

@@ -43,7 +43,7 @@ from .ownership import Gained, Lost, Ownership
 from .parked import ParkedAcquires
 from .peers import PeerRecord
 from .ring import peer_key, semaphore_key
-from .semaphore_leases import SemaphoreConfig, SemaphoreRecord, SemaphoreStats
+from .semaphore_leases import SemaphoreConfig, SemaphoreStats
 from .semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -423,7 +423,7 @@ class Shard:
         for event in self.ownership.events():
             if isinstance(event, Gained):
                 peers = [r for r in event.records if isinstance(r, PeerRecord)]
-                semaphores = [r for r in event.records if isinstance(r, SemaphoreRecord)]
+                semaphores = [r for r in event.records if not isinstance(r, PeerRecord)]
                 self.home.gain(peers, now)
                 names = self._slot_semaphores.get(event.slot, [])
                 self.owner.gain(names, semaphores, now, self.ownership.era, event.cold)
@@ -464,9 +464,10 @@ class Shard:
             by_slot[slot_of(peer_key(record.peer_id))][0].append(record)
         for peer_id in gone:
             by_slot[slot_of(peer_key(peer_id))][1].append(peer_id)
-        changed = self.owner.changed()
-        for record in self.owner.leases.snapshot(changed):
-            by_slot[self._semaphore_slot[record.name]][0].append(record)
+        for name, written, removed in self.owner.changed():
+            slot = by_slot[self._semaphore_slot[name]]
+            slot[0].extend(written)
+            slot[1].extend(removed)
         for slot, (written, removed) in sorted(by_slot.items()):
             self.ownership.write(slot, written, removed, now)
         gate = self.ownership.gate

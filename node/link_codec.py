@@ -63,7 +63,8 @@ from .wire import Codec
 
 # Retired tags, never to be used again: 12-14, 17 (peer operations before they were numbered);
 # 20-33 (replicas streamed to every member, and the home and owner messages of that design);
-# 42-45 (rate-limit pulls, hand-offs and takeovers by failed member).
+# 42-45 (rate-limit pulls, hand-offs and takeovers by failed member); 67-68 (a semaphore's
+# record with every lock in it).
 LINK_CODEC = Codec(
     {
         1: Gossip,
@@ -106,8 +107,6 @@ LINK_CODEC = Codec(
         64: Accept,
         65: Accepted,
         66: PeerRecord,
-        67: LockRecord,
-        68: SemaphoreRecord,
         69: LockRequest,
         70: LockRestore,
         71: LockRelease,
@@ -118,6 +117,8 @@ LINK_CODEC = Codec(
         76: Audit,
         77: RateHandover,
         78: SlotRates,
+        79: LockRecord,
+        80: SemaphoreRecord,
         **HANDSHAKE_MESSAGES,
     }
 )

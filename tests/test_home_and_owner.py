@@ -18,6 +18,8 @@ from sluicegate.cluster.errors import (
     UnknownPeer,
     UnknownSemaphore,
 )
+from sluicegate.cluster.lock_messages import LockRelease, LockRequest
+from sluicegate.cluster.owner import Owner
 from sluicegate.cluster.peers import AskOwner, PeerTable
 from sluicegate.cluster.semaphore_leases import (
     LockGranted,
@@ -25,6 +27,7 @@ from sluicegate.cluster.semaphore_leases import (
     SemaphoreConfig,
     SemaphoreLeases,
     SemaphoreRecord,
+    lock_key,
 )
 from sluicegate.cluster.semaphores import SemaphoreCore
 
@@ -333,12 +336,43 @@ def test_a_tables_peers_leave_the_garbage_collector_nothing_to_walk():
     assert len(gc.get_objects()) - before < 300
 
 
+def test_an_owner_writes_the_locks_that_changed_not_every_waiter():
+    """Every record of a write goes to every acceptor: with each lock inside its semaphore's
+    record, 5,000 waiting acquires took a node 12 s, each one writing all the waiters before it.
+    A write carries the semaphore's own record and the locks that came, went or were granted;
+    a new owner puts every lock back in its place from the records."""
+    owner = Owner(CONFIG, home_of=lambda peer_id: "home")
+    owner.gain(["A"], [], now=0.0, epoch=1, cold=False)
+    for peer_id in range(1, 1001):
+        owner.receive("home", LockRequest(peer_id, "A", 1, ticket=1), now=0.0)
+    kept = {record.key: record for _, records, _ in owner.changed() for record in records}
+    owner.receive("home", LockRequest(1001, "A", 1, ticket=1), now=1.0)
+    [write] = owner.changed()
+    assert write == ("A", [owner.leases.header("A"), owner.leases.lock_record("A", 1001)], [])
+    owner.receive("home", LockRelease(1, "A", ticket=1, confirm=False), now=2.0)
+    [(_, records, gone)] = owner.changed()
+    # Peer 1 let go, and peer 3, the first waiter, was granted in its place (A's max is 2).
+    assert [record.key for record in records] == ["s:A", lock_key("A", 3)]
+    assert gone == [lock_key("A", 1)]
+    for record in [*write[1], *records]:
+        kept[record.key] = record
+    for key in gone:
+        del kept[key]
+
+    successor = SemaphoreLeases(CONFIG)
+    successor.load(kept.values(), now=3.0, epoch=2)
+    assert successor.records(["A"])[1:] == owner.leases.records(["A"])[1:]
+    assert successor.holdings("A") == owner.leases.holdings("A")
+
+
 def test_an_owner_takes_on_no_record_of_a_semaphore_it_does_not_define():
     # Written by an owner configured otherwise: the record stays on the acceptors, untouched.
     leases = SemaphoreLeases({"A": SemaphoreConfig(2)})
     records = [
-        SemaphoreRecord("X", 7, [LockRecord(1, 1, 1, 6)], []),
-        SemaphoreRecord("A", 5, [LockRecord(2, 1, 1, 4)], []),
+        SemaphoreRecord("X", 7, 1),
+        LockRecord("X", 1, 1, 1, 6, False, 0),
+        SemaphoreRecord("A", 5, 1),
+        LockRecord("A", 2, 1, 1, 4, False, 0),
     ]
     leases.load(records, now=0.0, epoch=0)
     assert leases.remainder("A") == 1
