@@ -18,7 +18,10 @@ def tokens_restart_on_takeover() -> None:
     def load_without_the_counter(self, records, now, epoch):
         load(self, records, now, epoch)
         for record in records:
-            self._semaphores[record.name].next_token = epoch << semaphore_leases.TOKEN_EPOCH_SHIFT
+            if isinstance(record, semaphore_leases.SemaphoreRecord):
+                self._semaphores[record.name].next_token = (
+                    epoch << semaphore_leases.TOKEN_EPOCH_SHIFT
+                )
 
     semaphore_leases.SemaphoreLeases.load = load_without_the_counter
 
