@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import re
 import socket
 import time
 from contextlib import AsyncExitStack
@@ -331,6 +332,76 @@ async def _park_and_leave(url: str, node, connections: int, waits: int) -> None:
             while gauge(node, "sluicegate_acquires_waiting") < parked:
                 await trio.sleep(0.05)
     # (leaving the stack closed every connection)
+
+
+def test_thousands_of_waiters_on_one_semaphore_hold_nobody_up(tmp_path):
+    """4,000 acquires waiting on one semaphore of a cluster node: while they come, a bystander
+    on another semaphore is answered, the node's loop never stalls for a second (as it logs
+    its stalls), and SIGTERM stops it within a second. (Each change of a semaphore once wrote
+    all its waiters: 5,000 of them stalled a node for 12 s.)"""
+    import signal
+
+    config = CONFIG + '[cluster]\ndown_after = "1s"\n[limits]\npeers_per_connection = 200\n'
+    env = {"SLUICEGATE_CLUSTER_SECRET": "abuse-test-secret-16+"}
+    with NodeProcess(config, workdir=tmp_path, args=["--node-id", "n1"], env=env) as node:
+        wait_until(lambda: is_ready(node.url), 15, "the node serves")
+        holder_and_waiter(node, "B")
+        url = f"ws://127.0.0.1:{node.port}/ws"
+
+        async def park_while_a_bystander_works() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_park_many, url, node, 20, 200)
+                await trio.sleep(0.2)
+                await trio.to_thread.run_sync(bystander, node)
+
+        trio.run(park_while_a_bystander_works)
+        started = time.monotonic()
+        node.signal(signal.SIGTERM)
+        assert node.wait(10) == 0
+        assert time.monotonic() - started < 1.0
+    stalls = [
+        int(ms) for ms in re.findall(r"stalled \d+ times .*, the longest (\d+) ms", node.log())
+    ]
+    assert max(stalls, default=0) < 1000, stalls
+
+
+async def _park_many(url: str, node, connections: int, peers: int) -> None:
+    """`connections` connections each make `peers` peers, then all at once park an acquire of B
+    for each, and stay open until every one waits."""
+    from trio_websocket import open_websocket_url
+
+    made = trio.Event()
+    ready = 0
+
+    async def park() -> None:
+        nonlocal ready
+        async with open_websocket_url(url) as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            asked = [{"id": i, "op": "new_peer", "expires_in": 600} for i in range(peers)]
+            await ws.send_message(msgpack.packb(asked))
+            answers: list[dict] = []
+            while len(answers) < peers:
+                answers.extend(msgpack.unpackb(await ws.get_message()))
+            ready += 1
+            if ready == connections:
+                made.set()
+            await made.wait()
+            frame = [
+                {"id": i, "op": "acquire", "peer": answer["ok"], "semaphore": "B", "wait": 600}
+                for i, answer in enumerate(answers)
+            ]
+            await ws.send_message(msgpack.packb(frame))
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(connections):
+            nursery.start_soon(park)
+        with trio.fail_after(30):
+            await made.wait()
+            while (gauge(node, "sluicegate_acquires_waiting") or 0) < connections * peers:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
 
 
 def test_the_next_peer_id_cannot_be_predicted_from_those_seen(tmp_path):
