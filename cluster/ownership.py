@@ -280,6 +280,8 @@ class _Owned:
     refused_by_lease: set[str] = field(default_factory=set)
     # The longest another member's lease still ran at an acceptor that refused this ballot.
     lease_left: float = 0.0
+    # When to prepare again under a larger ballot if a quorum has not promised by then.
+    ask_again_at: float = math.inf
     writer: SlotWriter | None = None
     # Send time of the last lease round a quorum confirmed.
     lease_from: float = -math.inf
@@ -480,7 +482,10 @@ class Ownership:
             if owned.phase == ACTING:
                 deadlines.append(owned.lease_from + self.usable_lease)
             else:
-                deadlines.append(owned.prepared_at + self.lease)
+                deadlines.append(min(owned.prepared_at + self.lease, owned.ask_again_at))
+        deadlines.extend(
+            self._owned[slot].prepared_at + self.lease / 2 for slot in self._awaiting_previous
+        )
         if self.ready and not self.leaving:
             deadlines.extend(self._retry_at[slot] for slot in self._mine if slot not in self._owned)
         return min(deadlines)
@@ -526,6 +531,9 @@ class Ownership:
                 self._lose(slot, now, resigned=False)
             elif owned.phase != ACTING and now >= owned.prepared_at + self.lease:
                 self._give_up(slot, now)  # no quorum in a whole lease
+            elif owned.phase == PREPARING and now >= owned.ask_again_at:
+                self._lose(slot, now, resigned=False)
+                self._retry_at[slot] = now
         for slot in list(self._awaiting_previous):
             owned = self._owned.get(slot)
             if owned is None or owned.phase != PREPARING:
@@ -858,15 +866,17 @@ class Ownership:
         agrees), else the lease ends within `lease_left`: ask again then, not a whole lease
         later. Checked whichever answer comes last: with acceptors' clocks at different rates,
         one lease ends before another, and a promise can follow a refusal (seed 567534553
-        with skew: a slot waited two seconds, and a heartbeated lease ran out)."""
+        with skew: a slot waited two seconds, and a heartbeated lease ran out). Until then the
+        ballot stays open: the voters that have not answered yet may still make a quorum."""
         answered = (owned.refused_by_lease | owned.promises.keys()) & self._voters
         if not owned.refused_by_lease or len(answered) < self._quorum:
             return
         if len(owned.promises.keys() & self._voters) >= self._quorum:
             return
-        self._lose(slot, now, resigned=False)
-        wait = min(owned.lease_left, self.lease / 4)
-        self._retry_at[slot] = now + wait * self._rng.uniform(1.0, 1.1)
+        if owned.ask_again_at == math.inf:
+            wait = min(owned.lease_left, self.lease / 4)
+            owned.ask_again_at = now + wait * self._rng.uniform(1.0, 1.1)
+            self._deadline = None
 
     def _adopt_when_promised(self, slot: int, owned: _Owned, now: float) -> None:
         promises = owned.promises
