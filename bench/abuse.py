@@ -31,14 +31,13 @@ from trio_websocket import open_websocket_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.http_semaphores import scenario  # noqa: E402
-from tests.nodes import NodeProcess, is_ready, wait_until  # noqa: E402
+from tests.nodes import NodeProcess, is_ready, stalls_of, wait_until  # noqa: E402
 
 CONFIG = (
     "[semaphores]\nbench = 64\n"
     '[rate_limits]\napi = { algorithm = "gcra", burst = 1000000000, rate = 1e9 }\n'
 )
 IDLE_SOCKETS = 300
-STALL_LINE = re.compile(r"loop stalled (\d+) times for over \d+ ms, the longest (\d+) ms")
 PEERS = 8
 
 
@@ -93,15 +92,6 @@ async def make_peers(url: str, peers: int, expires_in: float) -> None:
             answered = 0
             while answered < count:
                 answered += len(msgpack.unpackb(await ws.get_message(), strict_map_key=False))
-
-
-def stalls_of(node: NodeProcess) -> tuple[int, float]:
-    """The node's loop stalls over 50 ms, as it logged them (node/stall_watch.py): how many,
-    and the longest in ms. After `node.stop()`, which logs the last of them."""
-    count, longest = 0, 0.0
-    for times, ms in STALL_LINE.findall(node.log()):
-        count, longest = count + int(times), max(longest, float(ms))
-    return count, longest
 
 
 def full_collections(node: NodeProcess) -> tuple[int, float, str]:

@@ -245,17 +245,6 @@ class SemaphoreLeases:
         ticket, place = sem.tickets[peer_id], sem.places[peer_id]
         return LockRecord(name, peer_id, waiting[0], ticket, 0, True, place)
 
-    def records(self, names: Iterable[str] | None = None) -> list[SemaphoreRecord | LockRecord]:
-        """Every record of the semaphores `names` (default: all): each one's own, then its
-        holders' and its waiters'."""
-        records: list[SemaphoreRecord | LockRecord] = []
-        for name in self._semaphores if names is None else names:
-            sem = self._semaphore(name)
-            records.append(self.header(name))
-            for peer_id in [*sem.holders, *sem.queue]:
-                records.append(self.lock_record(name, peer_id))
-        return records
-
     def holdings(self, semaphore: str) -> list[tuple[int, int]]:
         """(peer id, ticket) of every holder and waiter of `semaphore`."""
         sem = self._semaphore(semaphore)

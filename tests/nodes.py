@@ -18,6 +18,7 @@ from pathlib import Path
 
 STARTUP_TIMEOUT = 20.0
 _LISTENING = re.compile(r"Listening on (http://[^\s]+)")
+_STALLS = re.compile(r"loop stalled (\d+) times for over \d+ ms, the longest (\d+) ms")
 
 
 class NodeProcess:
@@ -176,6 +177,15 @@ def gauge(node: NodeProcess, name: str, **labels: str) -> float | None:
         name += "{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}"
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else None
+
+
+def stalls_of(node: NodeProcess) -> tuple[int, float]:
+    """The node's loop stalls over 50 ms, as it logged them (node/stall_watch.py): how many,
+    and the longest in ms. After `node.stop()`, which logs the last of them."""
+    count, longest = 0, 0.0
+    for times, ms in _STALLS.findall(node.log()):
+        count, longest = count + int(times), max(longest, float(ms))
+    return count, longest
 
 
 def is_ready(url: str) -> bool:
