@@ -80,11 +80,12 @@ class Deadlines(Generic[K]):
         """Where `key` stands among the keys set (an earlier key, a smaller number)."""
         return self._order[key]
 
-    def due(self, now: float) -> list[K]:
-        """The keys whose deadline is at or before `now`, in the order they were first set.
-        They stay set: the caller sets them again or pops them."""
+    def due(self, now: float, most: int | None = None) -> list[K]:
+        """The keys whose deadline is at or before `now`, in the order they were first set;
+        `most` of them at most, those with the earliest deadlines. They stay set: the caller
+        sets them again or pops them."""
         heap, found = self._heap, {}
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now and (most is None or len(found) < most):
             entry = heapq.heappop(heap)
             at, order, key = entry
             if self._at.get(key) == at and self._order[key] == order:

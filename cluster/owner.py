@@ -39,6 +39,9 @@ from .semaphore_leases import (
 )
 
 AUDIT_INTERVAL = 2.0
+# Locks asked about in one step at most: the rest in the next steps, after whatever else is
+# ready (an audit of tens of thousands of waiting locks in one step held a node up).
+AUDIT_CHUNK = 2000
 # A release waits at most this long for the homes of the waiters it granted to take them.
 TAKEN_PATIENCE = 1.0
 
@@ -71,6 +74,9 @@ class Owner:
         self._dirty: dict[str, set[int]] = {}
         self._acks: list[_ReleaseAck] = []
         self._audit_at = -math.inf
+        # The locks of the audit under way not asked about yet: a list per semaphore, both
+        # taken from the end.
+        self._to_audit: list[tuple[str, list[tuple[int, int]]]] = []
         self._outbox: list[tuple[str, object]] = []
 
     # -- slots ------------------------------------------------------------------------------
@@ -180,7 +186,9 @@ class Owner:
         grace = self.leases.grace_until
         if grace is not None:
             deadlines.append(grace)
-        if self.leases.any_in_use():
+        if self._to_audit:
+            deadlines.append(-math.inf)
+        elif self.leases.any_in_use():
             deadlines.append(self._audit_at)
         return min(deadlines, default=math.inf)
 
@@ -189,16 +197,32 @@ class Owner:
         if self.leases.end_grace(now):
             self._deliver_grants()
         self._send_acks(now)
-        if now >= self._audit_at:
+        if now >= self._audit_at and not self._to_audit:
             self._audit_at = now + AUDIT_INTERVAL
-            self._audit()
+            self._to_audit = [
+                (name, self.leases.holdings(name)[::-1])
+                for name in sorted(self._acting, reverse=True)
+                if self.leases.in_use(name)
+            ]
+        self._audit()
 
     def _audit(self) -> None:
+        """Ask the homes whether they still want `AUDIT_CHUNK` of the locks they hold or wait
+        for; a lock released since the audit began is asked about under its old ticket, which
+        a home's answer cannot release again."""
         asks: dict[str, Audit] = {}
-        for name in sorted(self._acting):
-            if not self.leases.in_use(name):
+        left = AUDIT_CHUNK
+        while self._to_audit and left:
+            name, holdings = self._to_audit[-1]
+            if name not in self._acting:
+                self._to_audit.pop()
                 continue
-            for peer_id, ticket in self.leases.holdings(name):
+            chunk = holdings[-left:]
+            del holdings[-left:]
+            if not holdings:
+                self._to_audit.pop()
+            left -= len(chunk)
+            for peer_id, ticket in reversed(chunk):
                 home = self._home_of(peer_id)
                 if home is None:
                     continue

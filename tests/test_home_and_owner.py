@@ -18,8 +18,9 @@ from sluicegate.cluster.errors import (
     UnknownPeer,
     UnknownSemaphore,
 )
-from sluicegate.cluster.lock_messages import LockRelease, LockRequest
-from sluicegate.cluster.owner import Owner
+from sluicegate.cluster.home import QUEUED_RECHECK, TIMER_CHUNK, Home
+from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRequest
+from sluicegate.cluster.owner import AUDIT_CHUNK, AUDIT_INTERVAL, Owner
 from sluicegate.cluster.peers import AskOwner, PeerTable
 from sluicegate.cluster.semaphore_leases import (
     LockGranted,
@@ -377,3 +378,44 @@ def test_an_owner_takes_on_no_record_of_a_semaphore_it_does_not_define():
     ]
     leases.load(records, now=0.0, epoch=0)
     assert leases.remainder("A") == 1
+
+
+def test_a_home_asks_again_about_waiting_locks_a_chunk_a_step():
+    """1,200 acquires wait in line and come due together: each step asks about `TIMER_CHUNK`
+    of them, and the home is due again at once for the rest."""
+    home = Home(CONFIG, owner_of=lambda name: "owner")
+    rng = random.Random(1)
+    peers = [home.new_peer(0.0, 600.0, rng, lambda peer_id: True) for _ in range(1200)]
+    for peer_id in peers:
+        assert home.acquire(peer_id, "B", 1, 0.0, None, None) is None
+    assert len(home.outbox()) == 1200
+    for peer_id in peers:
+        home.receive("owner", LockAnswer(peer_id, "B", 1, False, 0), now=0.1)
+    due_at = home.next_deadline()
+    assert due_at == pytest.approx(0.1 + QUEUED_RECHECK)
+    asked = []
+    for _ in range(3):
+        home.tick(due_at)
+        asked.append(len(home.outbox()))
+    assert asked == [TIMER_CHUNK, TIMER_CHUNK, 1200 - 2 * TIMER_CHUNK]
+    assert home.next_deadline() > due_at
+
+
+def test_an_owner_audits_its_locks_a_chunk_a_step():
+    """Every `AUDIT_INTERVAL` an owner asks the homes about the locks it holds for them:
+    `AUDIT_CHUNK` a step, due again at once for the rest, each lock once per audit."""
+    owner = Owner({"A": SemaphoreConfig(1)}, home_of=lambda peer_id: f"h{peer_id % 3}")
+    owner.gain(["A"], [], now=0.0, epoch=1, cold=False)
+    locks = AUDIT_CHUNK * 2 + 10
+    for peer_id in range(locks):
+        owner.receive(f"h{peer_id % 3}", LockRequest(peer_id, "A", 1, ticket=1), now=0.0)
+    owner.outbox()
+    asked: list[int] = []
+    audit_at = 1.0
+    owner.tick(audit_at)
+    while owner.next_deadline() < audit_at:
+        asked.append(sum(len(audit.peer_ids) for _, audit in owner.outbox()))
+        owner.tick(audit_at)
+    asked.append(sum(len(audit.peer_ids) for _, audit in owner.outbox()))
+    assert asked == [AUDIT_CHUNK, AUDIT_CHUNK, 10]
+    assert owner.next_deadline() == pytest.approx(audit_at + AUDIT_INTERVAL)
