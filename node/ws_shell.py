@@ -192,7 +192,7 @@ class WsConnection:
                 self._apply(here)
                 here = []
                 await self._in_flight.acquire()
-            answered = self._answerer(item.request_id, item.op, arrived)
+            answered = _Answered(self, item.request_id, item.op, arrived)
             if isinstance(item.op, RateOperation):
                 nursery.start_soon(self._serve, item.op, answered, self._rate_limits.call)
             elif self._semaphores.serves_here(item.op):
@@ -226,21 +226,23 @@ class WsConnection:
         finally:
             self._applying = False
 
-    def _answerer(self, request_id: int, op: object, arrived: float):
-        follows_peers = isinstance(op, _PEER_LIFE)
-        name = _OP_NAMES[type(op)]
-
-        def answered(result: object, failure: BaseException | None) -> None:
-            if follows_peers:
-                self._follow_peers(op, result, failure)
-            if failure is None:
-                self._answer(protocol.ok(request_id, result))
-            else:
-                self._answer(self._refusal(request_id, failure))
-            self._in_flight.release()
-            self._latencies.ws_answered(name, trio.current_time() - arrived)
-
-        return answered
+    def answered(
+        self,
+        request_id: int,
+        op: object,
+        arrived: float,
+        result: object,
+        failure: BaseException | None,
+    ) -> None:
+        """The outcome of a request: answer it (`_Answered` calls this)."""
+        if isinstance(op, _PEER_LIFE):
+            self._follow_peers(op, result, failure)
+        if failure is None:
+            self._answer(protocol.ok(request_id, result))
+        else:
+            self._answer(self._refusal(request_id, failure))
+        self._in_flight.release()
+        self._latencies.ws_answered(_OP_NAMES[type(op)], trio.current_time() - arrived)
 
     def _follow_peers(self, op: object, result: object, failure: BaseException | None) -> None:
         """Note the peers this connection made, and the end of those it hears of."""
@@ -303,3 +305,22 @@ class WsConnection:
                 await self._ws.aclose(code, reason)
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+class _Answered:
+    """The callback a request is answered through, now or once it is decided: one object for
+    the garbage collector to walk through every full collection while the request waits, where
+    a closure over the same makes eight."""
+
+    __slots__ = ("_connection", "_request_id", "_op", "_arrived")
+
+    def __init__(
+        self, connection: WsConnection, request_id: int, op: object, arrived: float
+    ) -> None:
+        self._connection = connection
+        self._request_id = request_id
+        self._op = op
+        self._arrived = arrived
+
+    def __call__(self, result: object, failure: BaseException | None) -> None:
+        self._connection.answered(self._request_id, self._op, self._arrived, result, failure)
