@@ -8,9 +8,12 @@
   four clients keep asking `GET /peers/` of them, on a single node and on a cluster node: the
   slowest `GET /health`, the stalls of the node's own loop over 50 ms as it logs them
   (node/stall_watch.py; target: none), and its full garbage collections
-  (`sluicegate_gc_pause_seconds`).
+  (`sluicegate_gc_pause_seconds`);
+* while 20,000 acquires of 20 connections wait on one semaphore for 12 s, on a single node and
+  on a cluster node: the slowest `GET /health` and the full garbage collections while they
+  wait, and the stalls from their arrival on.
 
-    python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000]
+    python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000] [--waits 20000]
 
 Starts its own node processes on free loopback ports; every attack stops by itself.
 """
@@ -94,20 +97,29 @@ async def make_peers(url: str, peers: int, expires_in: float) -> None:
                 answered += len(msgpack.unpackb(await ws.get_message(), strict_map_key=False))
 
 
-def full_collections(node: NodeProcess) -> tuple[int, float, str]:
-    """The node's full garbage collections so far, from `sluicegate_gc_pause_seconds` on its
-    /metrics: how many, their mean in ms, and the bucket that holds the longest ("<= 10 ms")."""
+def _gc_reading(node: NodeProcess) -> tuple[float, float, list[tuple[float, float]]]:
+    """`sluicegate_gc_pause_seconds` of full collections on the node's /metrics: the count, the
+    sum, and the buckets (upper bound, collections at or below it)."""
     with urllib.request.urlopen(f"{node.url}/metrics", timeout=30) as response:
         text = response.read().decode()
     family = "sluicegate_gc_pause_seconds"
     count = float(re.search(rf'^{family}_count{{generation="2"}} (\S+)$', text, re.M).group(1))
     total = float(re.search(rf'^{family}_sum{{generation="2"}} (\S+)$', text, re.M).group(1))
+    buckets = re.findall(rf'^{family}_bucket{{generation="2",le="([^"]+)"}} (\S+)$', text, re.M)
+    return count, total, [(float(bound), float(below)) for bound, below in buckets]
+
+
+def full_collections(node: NodeProcess, since=None) -> tuple[int, float, str]:
+    """The node's full garbage collections so far (or since an earlier `_gc_reading`): how
+    many, their mean in ms, and the bucket that holds the longest ("<= 10 ms")."""
+    count, total, buckets = _gc_reading(node)
+    if since is not None:
+        count, total = count - since[0], total - since[1]
+        buckets = [(b, n - n0) for (b, n), (_, n0) in zip(buckets, since[2], strict=True)]
     longest = "none"
-    for bound, below in re.findall(
-        rf'^{family}_bucket{{generation="2",le="([^"]+)"}} (\S+)$', text, re.M
-    ):
-        if count and float(below) == count:
-            longest = f"<= {float(bound) * 1000:g} ms"
+    for bound, below in buckets:
+        if count and below == count:
+            longest = f"<= {bound * 1000:g} ms"
             break
     return int(count), total / count * 1000 if count else 0.0, longest
 
@@ -183,6 +195,74 @@ def while_listing(
     return (slowest["health"], slowest["list"], *stalls_of(node), collections)
 
 
+async def hold_waits(node: NodeProcess, waits: int, hold: float, connections: int = 20):
+    """`connections` connections each make `waits / connections` peers and park an acquire of
+    the semaphore `one` for each; all wait `hold` seconds, then close. The slowest `GET /health`
+    while they waited, and the node's full garbage collections meanwhile."""
+    url = f"ws://127.0.0.1:{node.port}/ws"
+
+    async def waiter(count: int, parked: trio.Semaphore) -> None:
+        async with open_websocket_url(url, max_message_size=2**22) as ws:
+            await ws.send_message(msgpack.packb({"hello": 1}))
+            await ws.get_message()
+            frame = [{"id": i, "op": "new_peer", "expires_in": 600} for i in range(count)]
+            await ws.send_message(msgpack.packb(frame))
+            peers: list[int] = []
+            while len(peers) < count:
+                peers += [a["ok"] for a in msgpack.unpackb(await ws.get_message())]
+            frame = [
+                {"id": i, "op": "acquire", "peer": peer, "semaphore": "one", "wait": 600}
+                for i, peer in enumerate(peers)
+            ]
+            # Answered once every acquire before it in the frame was applied.
+            frame.append({"id": -1, "op": "heartbeat", "peer": peers[0], "expires_in": 600})
+            await ws.send_message(msgpack.packb(frame))
+            while not any(a["id"] == -1 for a in msgpack.unpackb(await ws.get_message())):
+                pass
+            parked.release()
+            await trio.sleep_forever()
+
+    def health() -> float:
+        started = time.monotonic()
+        urllib.request.urlopen(f"{node.url}/health", timeout=30).read()
+        return time.monotonic() - started
+
+    parked = trio.Semaphore(0)
+    async with trio.open_nursery() as nursery:
+        for _ in range(connections):
+            nursery.start_soon(waiter, waits // connections, parked)
+        with trio.fail_after(120):
+            for _ in range(connections):
+                await parked.acquire()
+        before = await trio.to_thread.run_sync(_gc_reading, node)
+        slowest, end = 0.0, time.monotonic() + hold
+        while time.monotonic() < end:
+            slowest = max(slowest, await trio.to_thread.run_sync(health))
+            await trio.sleep(0.005)
+        collections = await trio.to_thread.run_sync(full_collections, node, before)
+        nursery.cancel_scope.cancel()
+    return slowest, collections
+
+
+def while_waiting(
+    waits: int, cluster: bool, hold: float = 12.0
+) -> tuple[float, int, float, tuple[int, float, str]]:
+    """`waits` acquires of 20 connections waiting on one semaphore for `hold` seconds (a cluster
+    node asks about them again every 5 s and audits them every 2 s): the slowest `GET /health`
+    and the full garbage collections while they waited, and the node's stalls from the first
+    request to the stop (`stalls_of`)."""
+    config = CONFIG.replace("bench = 64\n", "bench = 64\none = 1\n")
+    config += f"[limits]\npeers = {waits}\npeers_per_connection = {waits}\n"
+    args, env = node_kind(cluster)
+    if cluster:
+        config += '[cluster]\ndown_after = "1s"\n'
+    with NodeProcess(config, args=args, env=env) as node:
+        wait_until(lambda: is_ready(node.url), 15, "the node serves")
+        slowest, collections = trio.run(hold_waits, node, waits, hold)
+        node.stop()
+    return (slowest, *stalls_of(node), collections)
+
+
 def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
     """The arguments and environment of a single node, or of a cluster node."""
     if not cluster:
@@ -195,6 +275,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per cycle run")
     parser.add_argument("--never-read", type=float, default=15.0, help="seconds of not reading")
     parser.add_argument("--peers", type=int, default=100_000, help="peers expiring together")
+    parser.add_argument("--waits", type=int, default=20_000, help="acquires waiting together")
     args = parser.parse_args()
 
     with NodeProcess(CONFIG) as node:
@@ -245,6 +326,21 @@ def main() -> None:
         print(
             f"{name:<14}  {health * 1000:>12.0f} ms  {listing * 1000:>12.0f} ms  {stalls:>14}  "
             f"{longest:>10.0f} ms  {gc_columns(collections)}"
+        )
+
+    print(
+        f"\n{args.waits} acquires of 20 connections waiting on one semaphore for 12 s (target: "
+        "no stall over 50 ms)"
+    )
+    print(
+        f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}  "
+        f"{GC_HEADER}"
+    )
+    for name, cluster in (("single node", False), ("cluster node", True)):
+        health, stalls, longest, collections = while_waiting(args.waits, cluster)
+        print(
+            f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms  "
+            f"{gc_columns(collections)}"
         )
 
 
