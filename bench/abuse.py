@@ -34,7 +34,13 @@ from trio_websocket import open_websocket_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.http_semaphores import scenario  # noqa: E402
-from tests.nodes import NodeProcess, is_ready, stalls_of, wait_until  # noqa: E402
+from tests.nodes import (  # noqa: E402
+    NodeProcess,
+    hello_and_peers,
+    is_ready,
+    stalls_of,
+    wait_until,
+)
 
 CONFIG = (
     "[semaphores]\nbench = 64\n"
@@ -203,13 +209,7 @@ async def hold_waits(node: NodeProcess, waits: int, hold: float, connections: in
 
     async def waiter(count: int, parked: trio.Semaphore) -> None:
         async with open_websocket_url(url, max_message_size=2**22) as ws:
-            await ws.send_message(msgpack.packb({"hello": 1}))
-            await ws.get_message()
-            frame = [{"id": i, "op": "new_peer", "expires_in": 600} for i in range(count)]
-            await ws.send_message(msgpack.packb(frame))
-            peers: list[int] = []
-            while len(peers) < count:
-                peers += [a["ok"] for a in msgpack.unpackb(await ws.get_message())]
+            peers = await hello_and_peers(ws, count)
             frame = [
                 {"id": i, "op": "acquire", "peer": peer, "semaphore": "one", "wait": 600}
                 for i, peer in enumerate(peers)
@@ -270,6 +270,22 @@ def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
     return ["--node-id", "n1"], {"SLUICEGATE_CLUSTER_SECRET": "bench-secret-of-16+bytes"}
 
 
+def stall_table(title: str, scenario) -> None:
+    """A row per kind of node of what `scenario(cluster)` measured: the slowest `GET /health`,
+    the stalls and the full garbage collections."""
+    print(f"\n{title} (target: no stall over 50 ms)")
+    print(
+        f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}  "
+        f"{GC_HEADER}"
+    )
+    for name, cluster in (("single node", False), ("cluster node", True)):
+        health, stalls, longest, collections = scenario(cluster)
+        print(
+            f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms  "
+            f"{gc_columns(collections)}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per cycle run")
@@ -301,20 +317,10 @@ def main() -> None:
         f"{sent} frames of 1,000 waits sent before the node stopped reading"
     )
 
-    print(
-        f"\n{args.peers} peers made in frames of 5,000, then expiring together (target: no "
-        "stall over 50 ms)"
+    stall_table(
+        f"{args.peers} peers made in frames of 5,000, then expiring together",
+        lambda cluster: during_expiry(args.peers, cluster),
     )
-    print(
-        f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}  "
-        f"{GC_HEADER}"
-    )
-    for name, cluster in (("single node", False), ("cluster node", True)):
-        health, stalls, longest, collections = during_expiry(args.peers, cluster)
-        print(
-            f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms  "
-            f"{gc_columns(collections)}"
-        )
 
     print(f"\n{args.peers} peers made, then four clients asking GET /peers/ for 5 s")
     print(
@@ -328,20 +334,10 @@ def main() -> None:
             f"{longest:>10.0f} ms  {gc_columns(collections)}"
         )
 
-    print(
-        f"\n{args.waits} acquires of 20 connections waiting on one semaphore for 12 s (target: "
-        "no stall over 50 ms)"
+    stall_table(
+        f"{args.waits} acquires of 20 connections waiting on one semaphore for 12 s",
+        lambda cluster: while_waiting(args.waits, cluster),
     )
-    print(
-        f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}  "
-        f"{GC_HEADER}"
-    )
-    for name, cluster in (("single node", False), ("cluster node", True)):
-        health, stalls, longest, collections = while_waiting(args.waits, cluster)
-        print(
-            f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms  "
-            f"{gc_columns(collections)}"
-        )
 
 
 if __name__ == "__main__":

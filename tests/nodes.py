@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgpack
+
 STARTUP_TIMEOUT = 20.0
 _LISTENING = re.compile(r"Listening on (http://[^\s]+)")
 _STALLS = re.compile(r"loop stalled (\d+) times for over \d+ ms, the longest (\d+) ms")
@@ -186,6 +188,19 @@ def stalls_of(node: NodeProcess) -> tuple[int, float]:
     for times, ms in _STALLS.findall(node.log()):
         count, longest = count + int(times), max(longest, float(ms))
     return count, longest
+
+
+async def hello_and_peers(ws, count: int, expires_in: float = 600.0) -> list[int]:
+    """On a fresh `/ws` connection (trio-websocket's): say hello, and make `count` peers in
+    one frame; their ids."""
+    await ws.send_message(msgpack.packb({"hello": 1}))
+    await ws.get_message()
+    frame = [{"id": i, "op": "new_peer", "expires_in": expires_in} for i in range(count)]
+    await ws.send_message(msgpack.packb(frame))
+    peers: list[int] = []
+    while len(peers) < count:
+        peers += [answer["ok"] for answer in msgpack.unpackb(await ws.get_message())]
+    return peers
 
 
 def is_ready(url: str) -> bool:

@@ -17,7 +17,7 @@ import msgpack
 import pytest
 import trio
 
-from .nodes import NodeProcess, gauge, is_ready, stalls_of, wait_until
+from .nodes import NodeProcess, gauge, hello_and_peers, is_ready, stalls_of, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -317,12 +317,9 @@ async def _park_and_leave(url: str, node, connections: int, waits: int) -> None:
     async with AsyncExitStack() as stack:
         for _ in range(connections):
             ws = await stack.enter_async_context(open_websocket_url(url))
-            await ws.send_message(msgpack.packb({"hello": 1}))
-            await ws.get_message()
-            await ws.send_message(msgpack.packb([{"id": 0, "op": "new_peer", "expires_in": 600}]))
-            [made] = msgpack.unpackb(await ws.get_message())
+            [peer] = await hello_and_peers(ws, 1)
             frame = [
-                {"id": i, "op": "acquire", "peer": made["ok"], "semaphore": "B", "wait": 600}
+                {"id": i, "op": "acquire", "peer": peer, "semaphore": "B", "wait": 600}
                 for i in range(1, waits + 1)
             ]
             await ws.send_message(msgpack.packb(frame))
@@ -372,20 +369,14 @@ async def _park_many(url: str, node, connections: int, peers: int) -> None:
     async def park() -> None:
         nonlocal ready
         async with open_websocket_url(url) as ws:
-            await ws.send_message(msgpack.packb({"hello": 1}))
-            await ws.get_message()
-            asked = [{"id": i, "op": "new_peer", "expires_in": 600} for i in range(peers)]
-            await ws.send_message(msgpack.packb(asked))
-            answers: list[dict] = []
-            while len(answers) < peers:
-                answers.extend(msgpack.unpackb(await ws.get_message()))
+            made_peers = await hello_and_peers(ws, peers)
             ready += 1
             if ready == connections:
                 made.set()
             await made.wait()
             frame = [
-                {"id": i, "op": "acquire", "peer": answer["ok"], "semaphore": "B", "wait": 600}
-                for i, answer in enumerate(answers)
+                {"id": i, "op": "acquire", "peer": peer, "semaphore": "B", "wait": 600}
+                for i, peer in enumerate(made_peers)
             ]
             await ws.send_message(msgpack.packb(frame))
             await trio.sleep_forever()
