@@ -103,10 +103,13 @@ class SlotCopy:
 
 
 def _kept(record: Record, now: float) -> tuple:
-    """How a copy keeps a record that arrived at `now`. A peer's as a tuple of plain values,
-    which the garbage collector stops tracking: every node keeps every peer of the cluster as an
-    acceptor, and as objects they made its full collections long (140 ms for 100,000 peers).
-    A semaphore's and a lock's as they are."""
+    """How a copy keeps a record that arrived at `now`. A peer's and a lock's as tuples of plain
+    values, which the garbage collector stops tracking: every node keeps every peer and every
+    lock of the cluster as an acceptor, and as objects they made its full collections long
+    (140 ms for 100,000 peers). A semaphore's as it is."""
+    if isinstance(record, LockRecord):
+        r = record
+        return (r.semaphore, r.peer_id, r.count, r.ticket, r.token, r.waiting, r.place)
     if isinstance(record, PeerRecord):
         return (
             now,
@@ -129,6 +132,8 @@ def _restored(kept: tuple, now: float) -> Record:
     if len(kept) == 2:
         arrived, record = kept
         return record.aged(now - arrived)
+    if len(kept) == 7:
+        return LockRecord(*kept)  # a lock does not age
     arrived, peer, expires_in, lease, held, pending, count, tickets, tokens, ticket, op = kept
     held, tickets, tokens = dict(held), dict(tickets), dict(tokens)
     record = PeerRecord(peer, expires_in, lease, held, pending, count, tickets, tokens, ticket, op)

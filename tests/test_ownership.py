@@ -5,6 +5,7 @@ planted bugs to show the checks have teeth; then the pieces one by one."""
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -27,7 +28,7 @@ from sluicegate.cluster.ownership import (
 )
 from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.replication import Accept, Accepted, CommitGate, SlotCopy, SlotWriter
-from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
+from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord, lock_key
 from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
 from sluicegate.node.link_codec import LINK_CODEC
 
@@ -423,3 +424,22 @@ def test_a_cluster_grows_from_one_member_one_at_a_time():
     acting = [len(life.core.acting_slots(life.local(model.t))) for life in model.lives.values()]
     assert sum(acting) == SLOTS and min(acting) > 0
     assert model.violations == []
+
+
+def test_a_copy_keeps_locks_as_values_the_garbage_collector_does_not_walk():
+    """Every acceptor keeps every lock of the cluster: as objects, 20,000 waiting locks were
+    40,000 more objects for each full collection to walk. A copy gives back what it took."""
+    copy = SlotCopy()
+    for _ in range(3):
+        gc.collect()
+    before = len(gc.get_objects())
+    write = [LockRecord("B", peer_id, 1, 1, 0, True, peer_id) for peer_id in range(2000)]
+    copy.apply(Accept(0, Ballot(1, 1, "n1"), 1, True, write, []), 0.0)
+    del write
+    for _ in range(3):
+        gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    assert {r.key: r for r in copy.records(1.0)} == {
+        lock_key("B", peer_id): LockRecord("B", peer_id, 1, 1, 0, True, peer_id)
+        for peer_id in range(2000)
+    }
