@@ -10,7 +10,7 @@ import heapq
 import itertools
 import math
 from collections.abc import KeysView
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .semaphore_ops import Acquire
 
@@ -22,14 +22,15 @@ class ParkedAcquire:
     deadline: float
     # Parked only until the owner decides (no `block_for`): "queued" answers it.
     undecided: bool
-    done: bool = field(default=False, repr=False)
 
 
 class ParkedAcquires:
     def __init__(self) -> None:
         self._by_peer: dict[int, list[ParkedAcquire]] = {}
         self._by_id: dict[int, ParkedAcquire] = {}
-        self._deadlines: list[tuple[float, int, ParkedAcquire]] = []
+        # (deadline, sequence, request id): plain values the garbage collector does not walk,
+        # however many wait. Request ids are never parked twice.
+        self._deadlines: list[tuple[float, int, int]] = []
         # Entries of `_deadlines` taken out before their deadline.
         self._stale = 0
         self._sequence = itertools.count()
@@ -41,7 +42,7 @@ class ParkedAcquires:
         request = ParkedAcquire(request_id, op, deadline, undecided)
         self._by_peer.setdefault(op.peer_id, []).append(request)
         self._by_id[request_id] = request
-        heapq.heappush(self._deadlines, (deadline, next(self._sequence), request))
+        heapq.heappush(self._deadlines, (deadline, next(self._sequence), request_id))
 
     def of_peer(self, peer_id: int) -> list[ParkedAcquire]:
         """A peer's waiting acquires, oldest first (a copy)."""
@@ -70,8 +71,6 @@ class ParkedAcquires:
 
     def take_all(self) -> list[ParkedAcquire]:
         requests = [request for waiting in self._by_peer.values() for request in waiting]
-        for request in requests:
-            request.done = True
         self._by_peer, self._by_id, self._deadlines, self._stale = {}, {}, [], 0
         return requests
 
@@ -87,8 +86,9 @@ class ParkedAcquires:
         """Take out every acquire whose deadline has come, soonest first."""
         deadlines, due = self._deadlines, []
         while deadlines and deadlines[0][0] <= now:
-            _, _, request = heapq.heappop(deadlines)
-            if request.done:
+            _, _, request_id = heapq.heappop(deadlines)
+            request = self._by_id.get(request_id)
+            if request is None:
                 self._stale -= 1
             else:
                 self._unlist(request)
@@ -99,10 +99,10 @@ class ParkedAcquires:
     def next_deadline(self) -> float:
         deadlines = self._deadlines
         if self._stale > len(deadlines) // 2:
-            self._deadlines = deadlines = [entry for entry in deadlines if not entry[2].done]
+            self._deadlines = deadlines = [entry for entry in deadlines if entry[2] in self._by_id]
             heapq.heapify(deadlines)
             self._stale = 0
-        while deadlines and deadlines[0][2].done:
+        while deadlines and deadlines[0][2] not in self._by_id:
             heapq.heappop(deadlines)
             self._stale -= 1
         return deadlines[0][0] if deadlines else math.inf
@@ -115,4 +115,3 @@ class ParkedAcquires:
 
     def _forget(self, request: ParkedAcquire) -> None:
         del self._by_id[request.request_id]
-        request.done = True
