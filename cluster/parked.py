@@ -26,7 +26,8 @@ class ParkedAcquire:
 
 class ParkedAcquires:
     def __init__(self) -> None:
-        self._by_peer: dict[int, list[ParkedAcquire]] = {}
+        # Peer -> the ids of its waiting acquires, oldest first: plain values again.
+        self._by_peer: dict[int, dict[int, None]] = {}
         self._by_id: dict[int, ParkedAcquire] = {}
         # (deadline, sequence, request id): plain values the garbage collector does not walk,
         # however many wait. Request ids are never parked twice.
@@ -40,13 +41,13 @@ class ParkedAcquires:
 
     def park(self, request_id: int, op: Acquire, deadline: float, undecided: bool) -> None:
         request = ParkedAcquire(request_id, op, deadline, undecided)
-        self._by_peer.setdefault(op.peer_id, []).append(request)
+        self._by_peer.setdefault(op.peer_id, {})[request_id] = None
         self._by_id[request_id] = request
         heapq.heappush(self._deadlines, (deadline, next(self._sequence), request_id))
 
     def of_peer(self, peer_id: int) -> list[ParkedAcquire]:
         """A peer's waiting acquires, oldest first (a copy)."""
-        return list(self._by_peer.get(peer_id, ()))
+        return [self._by_id[request_id] for request_id in self._by_peer.get(peer_id, ())]
 
     def peers(self) -> KeysView[int]:
         """The peers with an acquire waiting."""
@@ -63,14 +64,14 @@ class ParkedAcquires:
 
     def take_peer(self, peer_id: int) -> list[ParkedAcquire]:
         """Take all of a peer's waiting acquires out, oldest first."""
-        requests = self._by_peer.pop(peer_id, [])
+        requests = [self._by_id[request_id] for request_id in self._by_peer.pop(peer_id, ())]
         for request in requests:
             self._forget(request)
         self._stale += len(requests)
         return requests
 
     def take_all(self) -> list[ParkedAcquire]:
-        requests = [request for waiting in self._by_peer.values() for request in waiting]
+        requests = [self._by_id[i] for waiting in self._by_peer.values() for i in waiting]
         self._by_peer, self._by_id, self._deadlines, self._stale = {}, {}, [], 0
         return requests
 
@@ -109,7 +110,7 @@ class ParkedAcquires:
 
     def _unlist(self, request: ParkedAcquire) -> None:
         waiting = self._by_peer[request.op.peer_id]
-        waiting.remove(request)
+        del waiting[request.request_id]
         if not waiting:
             del self._by_peer[request.op.peer_id]
 
