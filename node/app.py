@@ -17,7 +17,7 @@ from .latencies import Latencies
 from .links import Links, MessageConnection
 from .rate_limit_service import RateLimitService
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
-from .ws_shell import WsConnection
+from .ws_shell import FrameTurns, WsConnection
 
 
 class NodeApp:
@@ -36,6 +36,7 @@ class NodeApp:
         # How this node names itself to `/ws` clients (its cluster id once it has one).
         self.node_id = node_id
         self._limits = limits
+        self._turns = FrameTurns()
 
     def join_cluster(self, semaphores: ClusterSemaphores, links: Links) -> None:
         """From now on, serve semaphores through the cluster, and node links at `/cluster`."""
@@ -79,6 +80,7 @@ class NodeApp:
             self.node_id,
             self.latencies,
             peers_per_connection=self._limits.peers_per_connection,
+            turns=self._turns,
         ).run()
 
 

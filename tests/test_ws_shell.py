@@ -16,7 +16,13 @@ from sluicegate.node.latencies import Latencies
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
 from sluicegate.node.semaphore_service import LocalSemaphores
-from sluicegate.node.ws_shell import FRAME_STEP, HELLO_TIMEOUT, IDLE_TIMEOUT, WsConnection
+from sluicegate.node.ws_shell import (
+    FRAME_STEP,
+    HELLO_TIMEOUT,
+    IDLE_TIMEOUT,
+    FrameTurns,
+    WsConnection,
+)
 
 
 class FakeWebSocket:
@@ -133,4 +139,68 @@ async def test_a_big_frame_is_handled_a_step_at_a_time(autojump_clock, nursery):
         answers.extend(msgpack.unpackb(await ws.from_server.receive()))
     assert all("ok" in answer for answer in answers)
     assert sum(steps) == 1000 and max(steps) <= FRAME_STEP and len(steps) > 1
+    actor.close()
+
+
+class Batches(trio.abc.Instrument):
+    """Counts trio's batches: between two, the loop looks at its sockets."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one node's turns", "turns of their own"])
+async def test_connections_take_turns_to_apply_steps_of_their_frames(
+    autojump_clock, nursery, shared
+):
+    """Two connections each send a frame of three steps at once. With the node's `FrameTurns`,
+    no two steps run between two looks at the sockets (each step of one may hold the others up
+    only by itself); with turns of their own, both connections' steps run back to back."""
+    actor = SemaphoreActor(SemaphoreCore({"A": SemaphoreConfig(1)}), rng=random.Random(1))
+    await nursery.start(actor.run)
+    batches = Batches()
+    steps: list[tuple[int, object]] = []
+
+    class Recorded(LocalSemaphores):
+        def submit(self, requests, owner=None):
+            steps.append((batches.count, owner))
+            super().submit(requests, owner)
+
+    turns = FrameTurns()
+    sockets = [FakeWebSocket() for _ in range(2)]
+    for ws in sockets:
+        connection = WsConnection(
+            ws,
+            Recorded(actor),
+            RateLimitService(RateLimits({})),
+            "n1",
+            Latencies(),
+            peers_per_connection=10 * FRAME_STEP,
+            turns=turns if shared else None,
+        )
+        nursery.start_soon(connection.run)
+        await hello(ws)
+    frame = msgpack.packb(
+        [{"id": i, "op": "new_peer", "expires_in": 60} for i in range(3 * FRAME_STEP)]
+    )
+    trio.lowlevel.add_instrument(batches)
+    try:
+        for ws in sockets:
+            ws.to_server_send.send_nowait(frame)
+        for ws in sockets:
+            answers: list[dict] = []
+            while len(answers) < 3 * FRAME_STEP:
+                answers.extend(msgpack.unpackb(await ws.from_server.receive()))
+            assert all("ok" in answer for answer in answers)
+    finally:
+        trio.lowlevel.remove_instrument(batches)
+    assert len(steps) >= 6
+    owners_per_batch = {}
+    for batch, owner in steps:
+        owners_per_batch.setdefault(batch, set()).add(owner)
+    most_in_a_batch = max(len(owners) for owners in owners_per_batch.values())
+    assert most_in_a_batch == (1 if shared else 2)
     actor.close()
