@@ -168,12 +168,7 @@ class WsConnection:
         while True:
             frame = await self._ws.get_message()
             arrived = self._last_frame = trio.current_time()
-            requests = protocol.decode(frame, expect_hello=False)
-            await self._turns.take()
-            try:
-                await self._run_frame(requests, nursery, arrived)
-            finally:
-                self._turns.give_back()
+            await self._run_frame(protocol.decode(frame, expect_hello=False), nursery, arrived)
             if not self._sending:
                 await self._send_answers_now()
             while self._sending and len(self._answers) >= MAX_UNSENT:
@@ -199,6 +194,18 @@ class WsConnection:
                 raise protocol.ProtocolViolation(protocol.CLOSE_IDLE, "idle timeout")
 
     async def _run_frame(
+        self,
+        requests: list[protocol.Request | protocol.Rejected],
+        nursery: trio.Nursery,
+        arrived: float,
+    ) -> None:
+        await self._turns.take()
+        try:
+            await self._apply_frame(requests, nursery, arrived)
+        finally:
+            self._turns.give_back()
+
+    async def _apply_frame(
         self,
         requests: list[protocol.Request | protocol.Rejected],
         nursery: trio.Nursery,
