@@ -25,12 +25,17 @@ class ParkedAcquire:
 
 
 class ParkedAcquires:
+    """Kept as plain values (ints, strings and tuples of them), which the garbage collector
+    stops walking once it has seen them: a `ParkedAcquire` and its `Acquire` for each were two
+    more objects, and seven references, in every full collection per acquire waiting. The
+    objects are made again on the way out."""
+
     def __init__(self) -> None:
-        # Peer -> the ids of its waiting acquires, oldest first: plain values again.
-        self._by_peer: dict[int, dict[int, None]] = {}
-        self._by_id: dict[int, ParkedAcquire] = {}
-        # (deadline, sequence, request id): plain values the garbage collector does not walk,
-        # however many wait. Request ids are never parked twice.
+        # Peer -> the ids of its waiting acquires, oldest first.
+        self._by_peer: dict[int, tuple[int, ...]] = {}
+        # Request id -> the acquire's fields, then its deadline and whether it is undecided.
+        self._by_id: dict[int, tuple] = {}
+        # (deadline, sequence, request id). Request ids are never parked twice.
         self._deadlines: list[tuple[float, int, int]] = []
         # Entries of `_deadlines` taken out before their deadline.
         self._stale = 0
@@ -40,14 +45,23 @@ class ParkedAcquires:
         return len(self._by_id)
 
     def park(self, request_id: int, op: Acquire, deadline: float, undecided: bool) -> None:
-        request = ParkedAcquire(request_id, op, deadline, undecided)
-        self._by_peer.setdefault(op.peer_id, {})[request_id] = None
-        self._by_id[request_id] = request
+        peer_id = op.peer_id
+        self._by_peer[peer_id] = self._by_peer.get(peer_id, ()) + (request_id,)
+        self._by_id[request_id] = (
+            peer_id,
+            op.semaphore,
+            op.count,
+            op.expires_in,
+            op.block_for,
+            op.op,
+            deadline,
+            undecided,
+        )
         heapq.heappush(self._deadlines, (deadline, next(self._sequence), request_id))
 
     def of_peer(self, peer_id: int) -> list[ParkedAcquire]:
-        """A peer's waiting acquires, oldest first (a copy)."""
-        return [self._by_id[request_id] for request_id in self._by_peer.get(peer_id, ())]
+        """A peer's waiting acquires, oldest first."""
+        return [self._request(request_id) for request_id in self._by_peer.get(peer_id, ())]
 
     def peers(self) -> KeysView[int]:
         """The peers with an acquire waiting."""
@@ -58,29 +72,30 @@ class ParkedAcquires:
 
     def take(self, request: ParkedAcquire) -> None:
         """Take one waiting acquire out, to be answered now."""
-        self._unlist(request)
-        self._forget(request)
+        self._unlist(request.op.peer_id, request.request_id)
+        del self._by_id[request.request_id]
         self._stale += 1  # its entry stays in `_deadlines` until it comes up
 
     def take_peer(self, peer_id: int) -> list[ParkedAcquire]:
         """Take all of a peer's waiting acquires out, oldest first."""
-        requests = [self._by_id[request_id] for request_id in self._by_peer.pop(peer_id, ())]
+        requests = [self._request(request_id) for request_id in self._by_peer.pop(peer_id, ())]
         for request in requests:
-            self._forget(request)
+            del self._by_id[request.request_id]
         self._stale += len(requests)
         return requests
 
     def take_all(self) -> list[ParkedAcquire]:
-        requests = [self._by_id[i] for waiting in self._by_peer.values() for i in waiting]
+        requests = [self._request(i) for waiting in self._by_peer.values() for i in waiting]
         self._by_peer, self._by_id, self._deadlines, self._stale = {}, {}, [], 0
         return requests
 
     def withdraw(self, request_id: int) -> bool:
         """Drop a waiting acquire unanswered (whoever asked has gone); False if none waits."""
-        request = self._by_id.get(request_id)
-        if request is None:
+        fields = self._by_id.pop(request_id, None)
+        if fields is None:
             return False
-        self.take(request)
+        self._unlist(fields[0], request_id)
+        self._stale += 1
         return True
 
     def due(self, now: float) -> list[ParkedAcquire]:
@@ -88,12 +103,12 @@ class ParkedAcquires:
         deadlines, due = self._deadlines, []
         while deadlines and deadlines[0][0] <= now:
             _, _, request_id = heapq.heappop(deadlines)
-            request = self._by_id.get(request_id)
-            if request is None:
+            if request_id not in self._by_id:
                 self._stale -= 1
             else:
-                self._unlist(request)
-                self._forget(request)
+                request = self._request(request_id)
+                self._unlist(request.op.peer_id, request_id)
+                del self._by_id[request_id]
                 due.append(request)
         return due
 
@@ -108,11 +123,16 @@ class ParkedAcquires:
             self._stale -= 1
         return deadlines[0][0] if deadlines else math.inf
 
-    def _unlist(self, request: ParkedAcquire) -> None:
-        waiting = self._by_peer[request.op.peer_id]
-        del waiting[request.request_id]
-        if not waiting:
-            del self._by_peer[request.op.peer_id]
+    def _request(self, request_id: int) -> ParkedAcquire:
+        peer_id, semaphore, count, expires_in, block_for, op, deadline, undecided = self._by_id[
+            request_id
+        ]
+        acquire = Acquire(peer_id, semaphore, count, expires_in, block_for, op)
+        return ParkedAcquire(request_id, acquire, deadline, undecided)
 
-    def _forget(self, request: ParkedAcquire) -> None:
-        del self._by_id[request.request_id]
+    def _unlist(self, peer_id: int, request_id: int) -> None:
+        waiting = tuple(i for i in self._by_peer[peer_id] if i != request_id)
+        if waiting:
+            self._by_peer[peer_id] = waiting
+        else:
+            del self._by_peer[peer_id]

@@ -4,7 +4,8 @@ mailbox (a cluster node runs a `ShardActor`, node/shard_actor.py, instead).
 Operations are applied in the task that asks, synchronously: trio runs synchronous code
 atomically between awaits, so no lock is needed and nothing can interleave, and a request is
 answered without waking another task (a WebSocket frame's requests are applied and answered in
-the task that read it). Each carries a callback that gets its answer. The actor's own task sleeps
+the task that read it). Each comes with a key of its submitter's, which hears of its answer by
+that key (`Answers`). The actor's own task sleeps
 until the core's next deadline or the next parked acquire's, and takes messages from other
 nodes and control messages from its memory channel, draining what is queued into one batch per
 wake-up. After operations are applied elsewhere, it is told its next deadline (a cancel scope's,
@@ -20,7 +21,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -37,55 +37,93 @@ INBOX_SIZE = 4096
 NOT_YET = AcquireOutcome(False)
 
 
-# Called with (result, None) or (None, error) when a submitted request is answered.
-Answered = Callable[[object, BaseException | None], None]
+class Answers(Protocol):
+    """Whoever submits requests to an actor: told each one's outcome by the key it gave it."""
+
+    def answered(self, key: int, result: object, error: BaseException | None) -> None:
+        """The outcome of request `key`: (result, None) or (None, error)."""
 
 
 class Actor(Protocol):
     """What applies semaphore operations: this module's actor, or a cluster node's shard actor."""
 
-    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
-        """Apply operations now, in order; each callback gets its outcome, now or later."""
+    def submit(self, requests: list[tuple[Operation, int]], answers: Answers) -> None:
+        """Apply operations now, in order; `answers` hears of each by its key, now or later."""
 
-    def withdraw(self, owner: object) -> None:
-        """Forget what `owner` submitted and still waits: it will never be answered."""
+    def withdraw(self, answers: Answers) -> None:
+        """Forget what `answers` submitted and still waits: it will never hear of it."""
+
+
+class _Outcome:
+    __slots__ = ("done", "value")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: tuple[object, BaseException | None] | None = None
+
+    def answered(self, key: int, result: object, error: BaseException | None) -> None:
+        self.value = (result, error)
+        self.done.set()
 
 
 async def answer(actor: Actor, op: Operation) -> object:
     """Submit `op` to an actor and wait for the answer, raising its error. Cancelled, the call
     withdraws `op` if it still waits."""
-    done = trio.Event()
-    outcome: list = []
-
-    def answered(result: object, error: BaseException | None) -> None:
-        outcome.append((result, error))
-        done.set()
-
-    actor.submit([(op, answered)], answered)
+    outcome = _Outcome()
+    actor.submit([(op, 0)], outcome)
     try:
-        await done.wait()
+        await outcome.done.wait()
     finally:
-        if not outcome:
-            actor.withdraw(answered)
-    result, error = outcome[0]
+        if outcome.value is None:
+            actor.withdraw(outcome)
+    result, error = outcome.value
     if error is not None:
         raise error
     return result
 
 
-class _Request:
-    __slots__ = ("op", "answered", "owner")
+class Askers:
+    """Who waits for which of an actor's requests: request id -> (asker, its key). Kept as
+    plain values, which the garbage collector stops walking once it has seen them, however many
+    requests wait; the askers themselves (a connection, a call) are few."""
 
-    def __init__(self, op: Operation, answered: Answered, owner: object) -> None:
-        self.op = op
-        self.answered = answered
-        self.owner = owner
+    def __init__(self) -> None:
+        self._waiting: dict[int, tuple[int, int]] = {}
+        self._askers: dict[int, Answers] = {}
+        self._of_asker: dict[int, dict[int, None]] = {}
 
-    def succeed(self, result: object) -> None:
-        self.answered(result, None)
+    def __len__(self) -> int:
+        return len(self._waiting)
 
-    def fail(self, error: BaseException) -> None:
-        self.answered(None, error)
+    def add(self, request_id: int, answers: Answers, key: int) -> None:
+        asker = id(answers)  # unique while `_askers` keeps `answers`
+        self._waiting[request_id] = (asker, key)
+        self._askers[asker] = answers
+        self._of_asker.setdefault(asker, {})[request_id] = None
+
+    def pop(self, request_id: int) -> tuple[Answers, int] | None:
+        """Who waits for `request_id`, and by which key; None if nobody (any more)."""
+        entry = self._waiting.pop(request_id, None)
+        if entry is None:
+            return None
+        asker, key = entry
+        answers = self._askers[asker]
+        requests = self._of_asker[asker]
+        del requests[request_id]
+        if not requests:
+            del self._of_asker[asker], self._askers[asker]
+        return answers, key
+
+    def withdraw(self, answers: Answers) -> list[int]:
+        """Forget what `answers` waits for; those request ids."""
+        asker = id(answers)
+        if self._askers.get(asker) is not answers:
+            return []
+        del self._askers[asker]
+        request_ids = list(self._of_asker.pop(asker))
+        for request_id in request_ids:
+            del self._waiting[request_id]
+        return request_ids
 
 
 class _StopBlocking:
@@ -113,11 +151,9 @@ class SemaphoreActor:
         # Peer ids must not be guessable from the ones a client has seen: the system's source.
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
-        # Parked acquires, by a number of the actor's own; the requests they answer; and their
-        # numbers by whoever may withdraw them.
+        # Parked acquires, by a number of the actor's own, and who waits for each.
         self._parked = ParkedAcquires()
-        self._waiting: dict[int, _Request] = {}
-        self._owned: dict[object, set[int]] = {}
+        self._askers = Askers()
         self._ids = itertools.count(1)
         self._blocking = True
         # The scope the actor sleeps in, while it sleeps (see `submit`).
@@ -127,24 +163,23 @@ class SemaphoreActor:
         """Apply `op` and return its answer (once decided), raising its `SemaphoreError`."""
         return await answer(self, op)
 
-    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
-        """Apply each operation now, in order; each callback gets its result or its
-        `SemaphoreError`, now or (a parked acquire) later, from the actor's task, unless
-        `owner` withdraws first."""
+    def submit(self, requests: list[tuple[Operation, int]], answers: Answers) -> None:
+        """Apply each operation now, in order; `answers` hears of each by its key, its result
+        or its `SemaphoreError`, now or (a parked acquire) later, from the actor's task, unless
+        it withdraws first."""
         now = trio.current_time()
         sleep = self._sleep
         # While the actor sleeps, nothing is due before its wake-up.
         if sleep is None or now >= sleep.deadline:
             self._expire(now)
-        for op, answered in requests:
-            self._apply(_Request(op, answered, owner), now)
+        for op, key in requests:
+            self._apply(op, key, answers, now)
         self._reschedule()
 
-    def withdraw(self, owner: object) -> None:
-        """Forget the parked acquires `owner` submitted: they will never be answered."""
-        for parked_id in self._owned.pop(owner, ()):
+    def withdraw(self, answers: Answers) -> None:
+        """Forget the parked acquires `answers` submitted: it will never hear of them."""
+        for parked_id in self._askers.withdraw(answers):
             self._parked.withdraw(parked_id)
-            del self._waiting[parked_id]
         self._reschedule()
 
     async def stats(self) -> list[SemaphoreStats]:
@@ -217,7 +252,7 @@ class SemaphoreActor:
         self._dispatch_events()
         for parked in self._parked.due(now):
             # Out of patience: the lock stays pending, the answer is "not yet".
-            self._unpark(parked).succeed(NOT_YET)
+            self._answer_parked(parked, NOT_YET)
 
     def _handle(self, message: _Message, now: float) -> None:
         if isinstance(message, _Stats):
@@ -227,8 +262,7 @@ class SemaphoreActor:
             self._answer_all_parked()
         message.done.set()
 
-    def _apply(self, request: _Request, now: float) -> None:
-        op = request.op
+    def _apply(self, op: Operation, key: int, answers: Answers, now: float) -> None:
         try:
             if isinstance(op, Acquire):
                 waiting = self._parked.count_of(op.peer_id)
@@ -238,16 +272,18 @@ class SemaphoreActor:
                     )
             result = apply(self._core, op, now, self._rng)
         except SemaphoreError as error:
-            request.fail(error)
+            answers.answered(key, None, error)
         else:
             if not isinstance(op, Acquire):
-                request.succeed(result)
+                answers.answered(key, result, None)
             elif result:
-                request.succeed(self._granted(op))
+                answers.answered(key, self._granted(op), None)
             elif op.block_for and op.block_for > 0 and self._blocking:
-                self._park(request, now + op.block_for)
+                parked_id = next(self._ids)
+                self._parked.park(parked_id, op, now + op.block_for, undecided=False)
+                self._askers.add(parked_id, answers, key)
             else:
-                request.succeed(NOT_YET)
+                answers.answered(key, NOT_YET, None)
             if isinstance(op, Restore):
                 # Throttle warns about revenants too: frequent ones mean expiries are too short.
                 log.warning(
@@ -255,35 +291,25 @@ class SemaphoreActor:
                 )
         self._dispatch_events()
 
-    def _park(self, request: _Request, deadline: float) -> None:
-        parked_id = next(self._ids)
-        self._parked.park(parked_id, request.op, deadline, undecided=False)
-        self._waiting[parked_id] = request
-        if request.owner is not None:
-            self._owned.setdefault(request.owner, set()).add(parked_id)
-
     def _dispatch_events(self) -> None:
         for event in self._core.events():
             if isinstance(event, LockGranted):
                 for parked in self._parked.take_peer(event.peer_id):
-                    self._unpark(parked).succeed(self._granted(parked.op))
+                    self._answer_parked(parked, self._granted(parked.op))
             elif isinstance(event, PeerRemoved):
                 for parked in self._parked.take_peer(event.peer_id):
-                    self._unpark(parked).fail(UnknownPeer(event.peer_id))
+                    self._answer_parked(parked, None, UnknownPeer(event.peer_id))
 
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self._core.fencing_token(op.peer_id, op.semaphore))
 
-    def _unpark(self, parked: ParkedAcquire) -> _Request:
-        """The request a parked acquire taken out of `_parked` answers."""
-        request = self._waiting.pop(parked.request_id)
-        owned = self._owned.get(request.owner)
-        if owned is not None:
-            owned.discard(parked.request_id)
-            if not owned:
-                del self._owned[request.owner]
-        return request
+    def _answer_parked(
+        self, parked: ParkedAcquire, result: object, error: BaseException | None = None
+    ) -> None:
+        """Answer a parked acquire taken out of `_parked`."""
+        answers, key = self._askers.pop(parked.request_id)
+        answers.answered(key, result, error)
 
     def _answer_all_parked(self) -> None:
         for parked in self._parked.take_all():
-            self._unpark(parked).succeed(NOT_YET)
+            self._answer_parked(parked, NOT_YET)

@@ -41,7 +41,7 @@ from sluicegate.cluster.semaphores import SemaphoreStats
 from .clock import TRIO_CLOCK, Clock
 from .membership_actor import MembershipActor
 from .rpc import Rpc, Unavailable
-from .semaphore_actor import Answered, SemaphoreActor
+from .semaphore_actor import Answers, SemaphoreActor
 from .shard_actor import ShardActor
 
 log = logging.getLogger("sluicegate.semaphores")
@@ -53,15 +53,15 @@ WATCH_INTERVAL = 0.1
 
 
 def admitted(
-    limits: Limits, requests: list[tuple[Operation, Answered]]
-) -> list[tuple[Operation, Answered]]:
+    limits: Limits, requests: list[tuple[Operation, int]], answers: Answers
+) -> list[tuple[Operation, int]]:
     """The requests as `limits` lets them in; those it refuses are answered with the error."""
     result = []
-    for op, answered in requests:
+    for op, key in requests:
         try:
-            result.append((limits.admit(op), answered))
+            result.append((limits.admit(op), key))
         except LimitError as error:
-            answered(None, error)
+            answers.answered(key, None, error)
     return result
 
 
@@ -109,13 +109,13 @@ class LocalSemaphores:
     def serves_here(self, op: Operation) -> bool:
         return True
 
-    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
-        """Apply operations now, each callback getting its outcome (`SemaphoreActor.submit`)."""
-        self._actor.submit(admitted(self._limits, requests), owner)
+    def submit(self, requests: list[tuple[Operation, int]], answers: Answers) -> None:
+        """Apply operations now; `answers` hears of each by its key (`SemaphoreActor.submit`)."""
+        self._actor.submit(admitted(self._limits, requests, answers), answers)
 
-    def withdraw(self, owner: object) -> None:
-        """Forget what `owner` submitted and still waits."""
-        self._actor.withdraw(owner)
+    def withdraw(self, answers: Answers) -> None:
+        """Forget what `answers` submitted and still waits."""
+        self._actor.withdraw(answers)
 
     async def stats(self) -> list[SemaphoreStats]:
         return await self._actor.stats()
@@ -203,15 +203,15 @@ class ClusterSemaphores:
         target = self._target(op)
         return target is None or target == self.node_id
 
-    def submit(self, requests: list[tuple[Operation, Answered]], owner: object = None) -> None:
-        """Apply operations this node serves now, each callback getting its outcome; a
+    def submit(self, requests: list[tuple[Operation, int]], answers: Answers) -> None:
+        """Apply operations this node serves now; `answers` hears of each by its key. A
         `NotServing` error means 503."""
-        self._actor.submit(admitted(self._limits, requests), owner)
+        self._actor.submit(admitted(self._limits, requests, answers), answers)
 
-    def withdraw(self, owner: object) -> None:
-        """Forget what `owner` submitted here and still waits (forwarded calls withdraw when
+    def withdraw(self, answers: Answers) -> None:
+        """Forget what `answers` submitted here and still waits (forwarded calls withdraw when
         cancelled, but only at this node: the home elsewhere answers when it answers)."""
-        self._actor.withdraw(owner)
+        self._actor.withdraw(answers)
 
     async def serve(self, op: Operation) -> object:
         """Run `op` here, for another node (the shard refuses what this node does not serve)."""

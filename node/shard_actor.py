@@ -21,7 +21,7 @@ from sluicegate.cluster.semaphore_ops import Operation
 from sluicegate.cluster.shard import Shard, SlotChange, SlotGained
 
 from .clock import TRIO_CLOCK, Clock
-from .semaphore_actor import Answered, answer
+from .semaphore_actor import Answers, Askers, answer
 
 log = logging.getLogger("sluicegate.slots")
 # Slot changes are logged as one line at most this often (a change of members moves dozens).
@@ -42,10 +42,8 @@ class ShardActor:
         self._on_slot_changes = on_slot_changes
         self._clock = clock
         self._ids = itertools.count(1)
-        self._waiting: dict[int, Answered] = {}
-        # Requests still waiting, by whoever may withdraw them, and the other way round.
-        self._owned: dict[object, set[int]] = {}
-        self._owner_of: dict[int, object] = {}
+        # Who waits for each request still unanswered.
+        self._askers = Askers()
         # The scope the actor sleeps in, while it sleeps.
         self._sleep: trio.CancelScope | None = None
         # Messages were applied that no flush has written yet.
@@ -61,28 +59,20 @@ class ShardActor:
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def submit(self, requests: Iterable[tuple[Operation, Answered]], owner: object = None) -> None:
-        """Apply each operation now, in order; each callback gets its result or its error,
-        now or later (once what it follows is committed), unless `owner` withdraws first."""
+    def submit(self, requests: Iterable[tuple[Operation, int]], answers: Answers) -> None:
+        """Apply each operation now, in order; `answers` hears of each by its key, its result
+        or its error, now or later (once what it follows is committed), unless it withdraws
+        first."""
         now = self._clock.now()
-        request_ids = []
-        for op, answered in requests:
+        for op, key in requests:
             request_id = next(self._ids)
-            request_ids.append(request_id)
-            self._waiting[request_id] = answered
+            self._askers.add(request_id, answers, key)
             self.shard.submit(request_id, op, now)
         self._after()
-        if owner is not None:
-            waiting = [i for i in request_ids if i in self._waiting]
-            if waiting:
-                self._owned.setdefault(owner, set()).update(waiting)
-                self._owner_of.update(dict.fromkeys(waiting, owner))
 
-    def withdraw(self, owner: object) -> None:
-        """Forget the requests `owner` submitted that still wait: they are never answered."""
-        for request_id in self._owned.pop(owner, ()):
-            del self._waiting[request_id]
-            del self._owner_of[request_id]
+    def withdraw(self, answers: Answers) -> None:
+        """Forget the requests `answers` submitted that still wait: it never hears of them."""
+        for request_id in self._askers.withdraw(answers):
             self.shard.withdraw(request_id)
         self._after()
 
@@ -139,11 +129,10 @@ class ShardActor:
         self._unflushed = False
         shard = self.shard
         for done in shard.answers():
-            answered = self._waiting.pop(done.request_id, None)
-            if answered is not None:
-                if self._owner_of:
-                    self._disown(done.request_id)
-                answered(done.result, done.error)
+            asker = self._askers.pop(done.request_id)
+            if asker is not None:
+                answers, key = asker
+                answers.answered(key, done.result, done.error)
         for member, message in shard.outbox():
             self._send(member, message)
         changes = shard.slot_changes()
@@ -157,14 +146,6 @@ class ShardActor:
             deadline = self._wake_at()
             if deadline != self._clock.deadline_of(sleep):
                 self._clock.reschedule(sleep, deadline)
-
-    def _disown(self, request_id: int) -> None:
-        owner = self._owner_of.pop(request_id, None)
-        if owner is not None:
-            owned = self._owned[owner]
-            owned.discard(request_id)
-            if not owned:
-                del self._owned[owner]
 
     def _wake_at(self) -> float:
         return min(self.shard.next_deadline(), self._log_at)

@@ -15,6 +15,7 @@ wait, so the node looks at its sockets between any two steps, however many conne
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import trio
@@ -53,8 +54,6 @@ IDLE_TIMEOUT = 60.0
 SEND_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 1.0
 CLOSE_NOT_READING = 1008
-# Operations whose answers tell of a peer's life: made, restored, released, or unknown.
-_PEER_LIFE = (NewPeer, Restore, ReleasePeer, Acquire, ReleaseLock, Heartbeat, IsAcquired)
 # The label of each operation in `sluicegate_ws_request_duration_seconds`: its name on the wire.
 _OP_NAMES = {
     NewPeer: "new_peer",
@@ -69,6 +68,11 @@ _OP_NAMES = {
     RateChecks: "check",
     RateWait: "wait",
 }
+# Operations whose answers tell of a peer's life: made, restored, released, or unknown.
+_PEER_LIFE = frozenset(
+    _OP_NAMES[op]
+    for op in (NewPeer, Restore, ReleasePeer, Acquire, ReleaseLock, Heartbeat, IsAcquired)
+)
 
 
 class FrameTurns:
@@ -135,6 +139,11 @@ class WsConnection:
         self._peers: dict[int, None] = {}
         self._making_peers = 0
         self._most_peers = peers_per_connection
+        # Requests in flight, by a key of the connection's own: (request id, operation's name,
+        # its peer or None, arrival). Plain values, which the garbage collector stops walking
+        # once it has seen them, however many acquires wait.
+        self._pending: dict[int, tuple[int, str, int | None, float]] = {}
+        self._keys = itertools.count()
 
     async def run(self) -> None:
         try:
@@ -242,13 +251,20 @@ class WsConnection:
                 self._turns.give_back()
                 await self._in_flight.acquire()
                 await self._turns.take()
-            answered = _Answered(self, item.request_id, item.op, arrived)
-            if isinstance(item.op, RateOperation):
-                nursery.start_soon(self._serve, item.op, answered, self._rate_limits.call)
-            elif self._semaphores.serves_here(item.op):
-                here.append((item.op, answered))
+            key = next(self._keys)
+            op = item.op
+            self._pending[key] = (
+                item.request_id,
+                _OP_NAMES[type(op)],
+                getattr(op, "peer_id", None),
+                arrived,
+            )
+            if isinstance(op, RateOperation):
+                nursery.start_soon(self._serve, op, key, self._rate_limits.call)
+            elif self._semaphores.serves_here(op):
+                here.append((op, key))
             else:
-                nursery.start_soon(self._serve, item.op, answered, self._semaphores.call)
+                nursery.start_soon(self._serve, op, key, self._semaphores.call)
         self._apply(here)
 
     def _check_now(self, item: protocol.Request) -> bool:
@@ -274,32 +290,28 @@ class WsConnection:
         finally:
             self._applying = False
 
-    def answered(
-        self,
-        request_id: int,
-        op: object,
-        arrived: float,
-        result: object,
-        failure: BaseException | None,
-    ) -> None:
-        """The outcome of a request: answer it (`_Answered` calls this)."""
-        if isinstance(op, _PEER_LIFE):
-            self._follow_peers(op, result, failure)
+    def answered(self, key: int, result: object, failure: BaseException | None) -> None:
+        """The outcome of request `key` (`Answers`): answer it."""
+        request_id, name, peer_id, arrived = self._pending.pop(key)
+        if name in _PEER_LIFE:
+            self._follow_peers(name, peer_id, result, failure)
         if failure is None:
             self._answer(protocol.ok(request_id, result))
         else:
             self._answer(self._refusal(request_id, failure))
         self._in_flight.release()
-        self._latencies.ws_answered(_OP_NAMES[type(op)], trio.current_time() - arrived)
+        self._latencies.ws_answered(name, trio.current_time() - arrived)
 
-    def _follow_peers(self, op: object, result: object, failure: BaseException | None) -> None:
+    def _follow_peers(
+        self, name: str, peer_id: int | None, result: object, failure: BaseException | None
+    ) -> None:
         """Note the peers this connection made, and the end of those it hears of."""
-        if isinstance(op, NewPeer | Restore):
+        if name == "new_peer" or name == "restore":
             self._making_peers -= 1
             if failure is None:
-                self._peers[result if isinstance(op, NewPeer) else op.peer_id] = None
-        elif isinstance(op, ReleasePeer) or isinstance(failure, UnknownPeer):
-            self._peers.pop(op.peer_id, None)
+                self._peers[result if name == "new_peer" else peer_id] = None
+        elif name == "release_peer" or isinstance(failure, UnknownPeer):
+            self._peers.pop(peer_id, None)
 
     def _refusal(self, request_id: int, failure: Exception) -> dict:
         """The error answer; a 503 says how long to keep asking here (docs/protocol.md)."""
@@ -310,14 +322,14 @@ class WsConnection:
                 answer["retry_here_for"] = retry_here_for
         return answer
 
-    async def _serve(self, op: object, answered, call) -> None:
+    async def _serve(self, op: object, key: int, call) -> None:
         """A request for another node, or a rate-limit wait: answered when done, like the rest."""
         try:
             result = await call(op)
         except (SemaphoreError, RateLimitError, Unavailable) as failure:
-            answered(None, failure)
+            self.answered(key, None, failure)
         else:
-            answered(result, None)
+            self.answered(key, result, None)
 
     def _answer(self, answer: dict) -> None:
         self._answers.append(answer)
@@ -353,22 +365,3 @@ class WsConnection:
                 await self._ws.aclose(code, reason)
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-
-
-class _Answered:
-    """The callback a request is answered through, now or once it is decided: one object for
-    the garbage collector to walk through every full collection while the request waits, where
-    a closure over the same makes eight."""
-
-    __slots__ = ("_connection", "_request_id", "_op", "_arrived")
-
-    def __init__(
-        self, connection: WsConnection, request_id: int, op: object, arrived: float
-    ) -> None:
-        self._connection = connection
-        self._request_id = request_id
-        self._op = op
-        self._arrived = arrived
-
-    def __call__(self, result: object, failure: BaseException | None) -> None:
-        self._connection.answered(self._request_id, self._op, self._arrived, result, failure)

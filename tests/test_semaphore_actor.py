@@ -202,7 +202,7 @@ async def test_a_cancelled_wait_is_withdrawn_from_the_actor(autojump_clock, acto
     await actor.call(Acquire(holder, "A", 1))
     with trio.move_on_after(1):
         await actor.call(Acquire(waiter, "A", 1, block_for=300))
-    assert len(actor._parked) == 0 and actor._owned == {}
+    assert len(actor._parked) == 0 and len(actor._askers) == 0
     # Withdrawn deadlines are dropped, not kept until they come.
     for _ in range(100):
         with trio.move_on_after(0.01):
@@ -215,17 +215,21 @@ async def test_withdraw_forgets_only_its_owners_waits(autojump_clock, actor, nur
     waiter = await actor.call(NewPeer(600))
     await actor.call(Acquire(holder, "A", 1))
     answers = []
-    connection, other = object(), object()
-    actor.submit(
-        [(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("gone"))], connection
-    )
-    actor.submit(
-        [(Acquire(waiter, "A", 1, block_for=30), lambda *a: answers.append("kept"))], other
-    )
+
+    class Asker:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def answered(self, key, result, error) -> None:
+            answers.append((self.name, key))
+
+    connection, other = Asker("gone"), Asker("kept")
+    actor.submit([(Acquire(waiter, "A", 1, block_for=30), 7)], connection)
+    actor.submit([(Acquire(waiter, "A", 1, block_for=30), 8)], other)
     actor.withdraw(connection)
     await actor.call(ReleaseLock(holder, "A"))
     await trio.testing.wait_all_tasks_blocked()
-    assert answers == ["kept"]
+    assert answers == [("kept", 8)]
 
 
 async def test_many_peers_expire_in_steps_of_a_thousand(autojump_clock, actor, caplog):
