@@ -30,7 +30,9 @@ class Deadlines(Generic[K]):
         # (deadline, order, key); an entry is stale once its key is gone or has another deadline.
         self._heap: list[tuple[float, int, K]] = []
         self._peer_of = peer_of
-        self._by_peer: dict[int, dict[K, None]] = {}
+        # A peer's keys, in the order they were first set: a tuple (a peer has a handful), so
+        # that the garbage collector stops walking the table once it has seen it.
+        self._by_peer: dict[int, tuple[K, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._at)
@@ -45,7 +47,8 @@ class Deadlines(Generic[K]):
         order = self._order.get(key)
         if order is None:
             order = self._order[key] = next(self._sequence)
-            self._by_peer.setdefault(self._peer_of(key), {})[key] = None
+            peer = self._peer_of(key)
+            self._by_peer[peer] = self._by_peer.get(peer, ()) + (key,)
         self._at[key] = at
         heapq.heappush(self._heap, (at, order, key))
         if len(self._heap) > 2 * len(self._at) + 64:
@@ -59,9 +62,10 @@ class Deadlines(Generic[K]):
             return None
         del self._order[key]
         peer = self._peer_of(key)
-        keys = self._by_peer[peer]
-        del keys[key]
-        if not keys:
+        keys = tuple(other for other in self._by_peer[peer] if other != key)
+        if keys:
+            self._by_peer[peer] = keys
+        else:
             del self._by_peer[peer]
         return at
 

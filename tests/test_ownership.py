@@ -5,7 +5,6 @@ planted bugs to show the checks have teeth; then the pieces one by one."""
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
@@ -32,6 +31,7 @@ from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord, loc
 from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
 from sluicegate.node.link_codec import LINK_CODEC
 
+from .collector import walked
 from .ownership_model import LEASE, Model, random_run
 
 
@@ -431,13 +431,6 @@ def test_a_copy_keeps_locks_as_values_the_garbage_collector_does_not_walk():
     40,000 more objects for each full collection to walk, and a semaphore kept as an object
     beside them kept the whole table walked (20,000 references). A copy gives back what it
     took."""
-
-    def walked() -> tuple[int, int]:
-        for _ in range(3):
-            gc.collect()
-        tracked = gc.get_objects()
-        return len(tracked), sum(len(gc.get_referents(o)) for o in tracked)
-
     copy = SlotCopy()
     objects, references = walked()
     write = [LockRecord("B", peer_id, 1, 1, 0, True, peer_id) for peer_id in range(2000)]

@@ -3,7 +3,6 @@ the idle timeout, and waiting acquires that keep a connection open past it."""
 
 from __future__ import annotations
 
-import gc
 import random
 
 import msgpack
@@ -24,6 +23,8 @@ from sluicegate.node.ws_shell import (
     FrameTurns,
     WsConnection,
 )
+
+from .collector import walked
 
 
 class FakeWebSocket:
@@ -205,14 +206,6 @@ async def test_connections_take_turns_to_apply_steps_of_their_frames(
     most_in_a_batch = max(len(owners) for owners in owners_per_batch.values())
     assert most_in_a_batch == (1 if shared else 2)
     actor.close()
-
-
-def walked() -> tuple[int, int]:
-    """What a full garbage collection walks now: tracked objects, and their references."""
-    for _ in range(3):
-        gc.collect()
-    tracked = gc.get_objects()
-    return len(tracked), sum(len(gc.get_referents(o)) for o in tracked)
 
 
 async def test_waiting_acquires_leave_the_garbage_collector_little_to_walk(autojump_clock, nursery):
