@@ -12,6 +12,8 @@ import random
 
 import pytest
 
+from sluicegate.cluster import home as home_module
+from sluicegate.cluster import owner as owner_module
 from sluicegate.cluster.errors import (
     AlreadyPending,
     StaleOperation,
@@ -419,3 +421,34 @@ def test_an_owner_audits_its_locks_a_chunk_a_step():
     asked.append(sum(len(audit.peer_ids) for _, audit in owner.outbox()))
     assert asked == [AUDIT_CHUNK, AUDIT_CHUNK, 10]
     assert owner.next_deadline() == pytest.approx(audit_at + AUDIT_INTERVAL)
+
+
+def test_a_home_with_more_waiting_locks_than_its_rate_asks_about_each_less_often(monkeypatch):
+    """Asked about every `QUEUED_RECHECK`, 100,000 waiting locks kept a node busy with little
+    else: a home asks about at most `RECHECK_RATE` a second, whatever the number waiting."""
+    monkeypatch.setattr(home_module, "RECHECK_RATE", 100)
+    home = Home(CONFIG, owner_of=lambda name: "owner")
+    rng = random.Random(1)
+    peers = [home.new_peer(0.0, 600.0, rng, lambda peer_id: True) for _ in range(1200)]
+    for peer_id in peers:
+        home.acquire(peer_id, "B", 1, 0.0, None, None)
+    home.outbox()
+    for peer_id in peers:
+        home.receive("owner", LockAnswer(peer_id, "B", 1, False, 0), now=0.1)
+    assert home.next_deadline() == pytest.approx(0.1 + 1200 / 100)
+
+
+def test_an_owner_with_more_locks_than_its_rate_audits_them_less_often(monkeypatch):
+    """Audited every `AUDIT_INTERVAL`, 100,000 waiting locks kept a node busy with little else:
+    an audit asks about at most `AUDIT_RATE` locks a second."""
+    monkeypatch.setattr(owner_module, "AUDIT_RATE", 1000)
+    owner = Owner({"A": SemaphoreConfig(1)}, home_of=lambda peer_id: f"h{peer_id % 3}")
+    owner.gain(["A"], [], now=0.0, epoch=1, cold=False)
+    for peer_id in range(4000):
+        owner.receive(f"h{peer_id % 3}", LockRequest(peer_id, "A", 1, ticket=1), now=0.0)
+    owner.outbox()
+    audit_at = 1.0
+    owner.tick(audit_at)
+    while owner.next_deadline() < audit_at:
+        owner.tick(audit_at)
+    assert owner.next_deadline() == pytest.approx(audit_at + 4000 / 1000)
