@@ -248,7 +248,8 @@ def while_waiting(
     waits: int, cluster: bool, hold: float = 12.0
 ) -> tuple[float, int, float, tuple[int, float, str]]:
     """`waits` acquires of 20 connections waiting on one semaphore for `hold` seconds (a cluster
-    node asks about them again every 5 s and audits them every 2 s): the slowest `GET /health`
+    node asks about them again every 5 s and audits them every 2 s, or less often past 10,000 a
+    second): the slowest `GET /health`
     and the full garbage collections while they waited, and the node's stalls from the first
     request to the stop (`stalls_of`)."""
     config = CONFIG.replace("bench = 64\n", "bench = 64\none = 1\n")
