@@ -5,11 +5,10 @@ Operations are applied in the task that asks, synchronously: trio runs synchrono
 atomically between awaits, so no lock is needed and nothing can interleave, and a request is
 answered without waking another task (a WebSocket frame's requests are applied and answered in
 the task that read it). Each comes with a key of its submitter's, which hears of its answer by
-that key (`Answers`). The actor's own task sleeps
-until the core's next deadline or the next parked acquire's, and takes messages from other
-nodes and control messages from its memory channel, draining what is queued into one batch per
-wake-up. After operations are applied elsewhere, it is told its next deadline (a cancel scope's,
-so without a wake-up).
+that key (`Answers`). The actor's own task sleeps until the core's next deadline or the next
+parked acquire's, and takes messages from other nodes and control messages from its memory
+channel, draining what is queued into one batch per wake-up. After operations are applied
+elsewhere, it is told its next deadline (a cancel scope's, so without a wake-up).
 
 Acquires with `block_for` park here, in the actor, and are answered the moment their peer holds
 all its locks, fails (peer deleted or expired), or the time is up; or forgotten, when whoever
