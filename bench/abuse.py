@@ -11,7 +11,7 @@
   (`sluicegate_gc_pause_seconds`);
 * while 20,000 acquires of 20 connections wait on one semaphore for 12 s, on a single node and
   on a cluster node: the slowest `GET /health` and the full garbage collections while they
-  wait, and the stalls from their arrival on.
+  wait, the stalls from their arrival on, and how long SIGTERM then takes to stop the node.
 
     python bench/abuse.py [--duration 5] [--never-read 15] [--peers 100000] [--waits 20000]
 
@@ -21,6 +21,7 @@ Starts its own node processes on free loopback ports; every attack stops by itse
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import socket
 import sys
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import msgpack
 import trio
-from trio_websocket import open_websocket_url
+from trio_websocket import ConnectionClosed, open_websocket_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.http_semaphores import scenario  # noqa: E402
@@ -138,11 +139,13 @@ def gc_columns(collections: tuple[int, float, str]) -> str:
     return f"{count:>8}  {mean:>5.1f} ms  {longest:>12}"
 
 
-def during_expiry(peers: int, cluster: bool) -> tuple[float, int, float, tuple[int, float, str]]:
+def during_expiry(
+    peers: int, cluster: bool
+) -> tuple[float, int, float, tuple[int, float, str], float]:
     """Make `peers` peers in frames of 5,000, and let them expire together, on a single node or
     on a cluster node (a cluster of one: the same shard, home and writes as in three): the
-    slowest `GET /health` while they expire (s), and the node's stalls meanwhile and while they
-    were made (`stalls_of`)."""
+    slowest `GET /health` while they expire (s), the node's stalls meanwhile and while they
+    were made (`stalls_of`), its full collections, and its stop (`stop_time`)."""
     config = CONFIG + f"[limits]\npeers = {peers}\npeers_per_connection = {peers}\n"
     args, env = node_kind(cluster)
     if cluster:
@@ -158,8 +161,15 @@ def during_expiry(peers: int, cluster: bool) -> tuple[float, int, float, tuple[i
             longest = max(longest, time.monotonic() - started)
             time.sleep(0.005)
         collections = full_collections(node)
-        node.stop()
-    return (longest, *stalls_of(node), collections)
+        stop = stop_time(node)
+    return (longest, *stalls_of(node), collections, stop)
+
+
+def stop_time(node: NodeProcess) -> float:
+    """Seconds from SIGTERM to the node's exit."""
+    started = time.monotonic()
+    node.stop()
+    return time.monotonic() - started
 
 
 def while_listing(
@@ -203,8 +213,9 @@ def while_listing(
 
 async def hold_waits(node: NodeProcess, waits: int, hold: float, connections: int = 20):
     """`connections` connections each make `waits / connections` peers and park an acquire of
-    the semaphore `one` for each; all wait `hold` seconds, then close. The slowest `GET /health`
-    while they waited, and the node's full garbage collections meanwhile."""
+    the semaphore `one` for each; all wait `hold` seconds, then the node is stopped. The slowest
+    `GET /health` while they waited, the node's full garbage collections meanwhile, and the
+    seconds from SIGTERM to its exit."""
     url = f"ws://127.0.0.1:{node.port}/ws"
 
     async def waiter(count: int, parked: trio.Semaphore) -> None:
@@ -220,7 +231,9 @@ async def hold_waits(node: NodeProcess, waits: int, hold: float, connections: in
             while not any(a["id"] == -1 for a in msgpack.unpackb(await ws.get_message())):
                 pass
             parked.release()
-            await trio.sleep_forever()
+            with contextlib.suppress(ConnectionClosed):  # by the node's stop
+                while True:
+                    await ws.get_message()
 
     def health() -> float:
         started = time.monotonic()
@@ -240,18 +253,19 @@ async def hold_waits(node: NodeProcess, waits: int, hold: float, connections: in
             slowest = max(slowest, await trio.to_thread.run_sync(health))
             await trio.sleep(0.005)
         collections = await trio.to_thread.run_sync(full_collections, node, before)
+        stop = await trio.to_thread.run_sync(stop_time, node)
         nursery.cancel_scope.cancel()
-    return slowest, collections
+    return slowest, collections, stop
 
 
 def while_waiting(
     waits: int, cluster: bool, hold: float = 12.0
-) -> tuple[float, int, float, tuple[int, float, str]]:
+) -> tuple[float, int, float, tuple[int, float, str], float]:
     """`waits` acquires of 20 connections waiting on one semaphore for `hold` seconds (a cluster
     node asks about them again every 5 s and audits them every 2 s, or less often past 10,000 a
-    second): the slowest `GET /health`
-    and the full garbage collections while they waited, and the node's stalls from the first
-    request to the stop (`stalls_of`)."""
+    second): the slowest `GET /health` and the full garbage collections while they waited, the
+    node's stalls from the first request to the stop (`stalls_of`), and the stop, while they
+    still wait (`stop_time`)."""
     config = CONFIG.replace("bench = 64\n", "bench = 64\none = 1\n")
     config += f"[limits]\npeers = {waits}\npeers_per_connection = {waits}\n"
     args, env = node_kind(cluster)
@@ -259,9 +273,8 @@ def while_waiting(
         config += '[cluster]\ndown_after = "1s"\n'
     with NodeProcess(config, args=args, env=env) as node:
         wait_until(lambda: is_ready(node.url), 15, "the node serves")
-        slowest, collections = trio.run(hold_waits, node, waits, hold)
-        node.stop()
-    return (slowest, *stalls_of(node), collections)
+        slowest, collections, stop = trio.run(hold_waits, node, waits, hold)
+    return (slowest, *stalls_of(node), collections, stop)
 
 
 def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
@@ -273,17 +286,17 @@ def node_kind(cluster: bool) -> tuple[list[str], dict[str, str]]:
 
 def stall_table(title: str, scenario) -> None:
     """A row per kind of node of what `scenario(cluster)` measured: the slowest `GET /health`,
-    the stalls and the full garbage collections."""
+    the stalls, the full garbage collections, and the time SIGTERM took to stop the node."""
     print(f"\n{title} (target: no stall over 50 ms)")
     print(
         f"{'':<14}  {'slowest /health':>15}  {'stalls > 50 ms':>14}  {'longest stall':>13}  "
-        f"{GC_HEADER}"
+        f"{GC_HEADER}  {'SIGTERM to exit':>15}"
     )
     for name, cluster in (("single node", False), ("cluster node", True)):
-        health, stalls, longest, collections = scenario(cluster)
+        health, stalls, longest, collections, stop = scenario(cluster)
         print(
             f"{name:<14}  {health * 1000:>12.0f} ms  {stalls:>14}  {longest:>10.0f} ms  "
-            f"{gc_columns(collections)}"
+            f"{gc_columns(collections)}  {stop:>13.2f} s"
         )
 
 
