@@ -7,7 +7,7 @@ from operator import itemgetter
 
 from sluicegate.cluster.deadlines import Deadlines
 
-from .collector import walked
+from .collector import held
 
 
 def test_the_due_keys_come_in_the_order_they_were_first_set_not_by_deadline():
@@ -77,9 +77,9 @@ def test_the_garbage_collector_walks_only_the_heap_of_many_deadlines():
     """A home keeps a deadline per waiting lock, tens of thousands: a table of a peer's keys
     that is a dict per peer was two more references per lock for every full collection."""
     deadlines: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0))
-    objects, references = walked()
+    objects, references = held(deadlines)
     for peer in range(2000):
         deadlines.set((peer, "A"), float(peer))
-    more_objects, more_references = walked()
+    more_objects, more_references = held(deadlines)
     assert more_objects - objects < 20 and more_references - references < 1.5 * 2000
     assert deadlines.of_peer(7) == [(7, "A")]

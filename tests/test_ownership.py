@@ -31,7 +31,7 @@ from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord, loc
 from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
 from sluicegate.node.link_codec import LINK_CODEC
 
-from .collector import walked
+from .collector import held
 from .ownership_model import LEASE, Model, random_run
 
 
@@ -432,12 +432,12 @@ def test_a_copy_keeps_locks_as_values_the_garbage_collector_does_not_walk():
     beside them kept the whole table walked (20,000 references). A copy gives back what it
     took."""
     copy = SlotCopy()
-    objects, references = walked()
+    objects, references = held(copy)
     write = [LockRecord("B", peer_id, 1, 1, 0, True, peer_id) for peer_id in range(2000)]
     write.append(SemaphoreRecord("B", 7, 2000))
     copy.apply(Accept(0, Ballot(1, 1, "n1"), 1, True, write, []), 0.0)
     del write
-    more_objects, more_references = walked()
+    more_objects, more_references = held(copy)
     assert more_objects - objects < 50 and more_references - references < 500
     assert {r.key: r for r in copy.records(1.0)} == {
         lock_key("B", peer_id): LockRecord("B", peer_id, 1, 1, 0, True, peer_id)

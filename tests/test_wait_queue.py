@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sluicegate.cluster.semaphore_leases import WaitQueue
 
-from .collector import walked
+from .collector import held
 
 
 def heads(queue: WaitQueue) -> list[int]:
@@ -35,9 +35,9 @@ def test_waiters_leave_from_anywhere_and_the_rest_keep_their_order():
 def test_the_garbage_collector_does_not_walk_the_waiters():
     """An `OrderedDict` of 20,000 waiters was 60,000 references for every full collection."""
     queue = WaitQueue()
-    objects, references = walked()
+    objects, references = held(queue)
     for peer_id in range(2000):
         queue.put(peer_id, 1, float(peer_id))
-    more_objects, more_references = walked()
+    more_objects, more_references = held(queue)
     assert more_objects - objects < 20 and more_references - references < 100
     assert queue.first() == (0, 1, 0.0)
