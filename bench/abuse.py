@@ -267,7 +267,7 @@ def while_waiting(
     node's stalls from the first request to the stop (`stalls_of`), and the stop, while they
     still wait (`stop_time`)."""
     config = CONFIG.replace("bench = 64\n", "bench = 64\none = 1\n")
-    config += f"[limits]\npeers = {waits}\npeers_per_connection = {waits}\n"
+    config += f"[limits]\npeers = {waits}\npeers_per_connection = {waits}\nwaits = {waits}\n"
     args, env = node_kind(cluster)
     if cluster:
         config += '[cluster]\ndown_after = "1s"\n'

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .errors import BeyondLimit
+from .errors import BeyondLimit, QuotaFull
 from .semaphore_ops import Acquire, Heartbeat, NewPeer, Operation, Restore
 
 
@@ -23,6 +23,8 @@ class Limits:
     peers_per_connection: int = 1_000
     # Acquires of one peer that wait (`block_for`, `wait`) at once.
     waits_per_peer: int = 16
+    # Acquires that wait on this node at once, of all its peers.
+    waits: int = 20_000
     longest_expires_in: float = 90 * 86_400.0
     longest_block_for: float = 3_600.0
     # The largest count a restore may claim for one lock.
@@ -45,6 +47,15 @@ class Limits:
                 if block_for is not None and block_for > self.longest_block_for:
                     return replace(op, block_for=self.longest_block_for)
         return op
+
+    def make_room_to_wait(self, op: Acquire, of_peer: int, in_all: int) -> None:
+        """Refuse (`QuotaFull`) acquire `op` while its peer has `of_peer` acquires waiting and
+        the node `in_all`. Past `waits`, only an acquire that may wait (`block_for`) is refused:
+        one without is answered as soon as the owner decides."""
+        if of_peer >= self.waits_per_peer:
+            raise QuotaFull("waits_per_peer", f"peer {op.peer_id} has {of_peer} acquires waiting")
+        if op.block_for and op.block_for > 0 and in_all >= self.waits:
+            raise QuotaFull("waits", f"this node has {in_all} acquires waiting")
 
     def _expiry(self, expires_in: float) -> None:
         if expires_in > self.longest_expires_in:

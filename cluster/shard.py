@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import NotServing, QuotaFull, SemaphoreError, UnknownPeer, UnknownSemaphore
+from .errors import NotServing, SemaphoreError, UnknownPeer, UnknownSemaphore
 from .home import Confirmed, Granted, Home, Queued, Removed
 from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
@@ -127,7 +127,7 @@ class Shard:
         for name, slot in self._semaphore_slot.items():
             self._slot_semaphores[slot].append(name)
         self.home = Home(semaphores, owner_of=self._owner_of_semaphore, limits=limits)
-        self._waits_per_peer = limits.waits_per_peer
+        self._limits = limits
         self.owner = Owner(semaphores, home_of=self._home_of, cold_start_grace=cold_start_grace)
         self._parked = ParkedAcquires()
         # Answers about a peer that wait for the confirmation of its releases.
@@ -174,7 +174,9 @@ class Shard:
         self._begin(now)
         try:
             if isinstance(op, Acquire):
-                self._make_room_to_wait(op.peer_id)
+                self._limits.make_room_to_wait(
+                    op, self._parked.count_of(op.peer_id), len(self._parked)
+                )
             result = self._apply(op, now)
         except SemaphoreError as error:
             self._reply(self._waits_for_releases(op), Answer(request_id, error=error))
@@ -349,11 +351,6 @@ class Shard:
 
     def _granted(self, op: Acquire) -> AcquireOutcome:
         return AcquireOutcome(True, self.home.peers.token(op.peer_id, op.semaphore))
-
-    def _make_room_to_wait(self, peer_id: int) -> None:
-        waiting = self._parked.count_of(peer_id)
-        if waiting >= self._waits_per_peer:
-            raise QuotaFull("waits_per_peer", f"peer {peer_id} has {waiting} acquires waiting")
 
     # -- messages ---------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ connections = 4096                # open connections; one more is answered 503 a
 peers = 100000                    # peers homed on this node
 peers_per_connection = 1000       # live peers one /ws connection made
 waits_per_peer = 16               # acquires of one peer waiting at once
+waits = 20000                     # acquires waiting on this node at once, of all its peers
 longest_expires_in = "90d"        # a longer expiry is refused
 longest_block_for = "1h"          # a longer long poll is cut to this
 restore_count = 1000000           # the largest count a restore may claim for one lock

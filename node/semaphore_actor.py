@@ -24,7 +24,8 @@ from typing import Protocol
 
 import trio
 
-from sluicegate.cluster.errors import QuotaFull, SemaphoreError, UnknownPeer
+from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
+from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 from sluicegate.cluster.parked import ParkedAcquire, ParkedAcquires
 from sluicegate.cluster.peers import EXPIRE_CHUNK
 from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
@@ -143,10 +144,14 @@ _Message = _StopBlocking | _Stats
 
 class SemaphoreActor:
     def __init__(
-        self, core: SemaphoreCore, *, rng: random.Random | None = None, waits_per_peer: int = 16
+        self,
+        core: SemaphoreCore,
+        *,
+        rng: random.Random | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self._core = core
-        self._waits_per_peer = waits_per_peer
+        self._limits = limits
         # Peer ids must not be guessable from the ones a client has seen: the system's source.
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._inbox = trio.open_memory_channel(INBOX_SIZE)
@@ -264,11 +269,9 @@ class SemaphoreActor:
     def _apply(self, op: Operation, key: int, answers: Answers, now: float) -> None:
         try:
             if isinstance(op, Acquire):
-                waiting = self._parked.count_of(op.peer_id)
-                if waiting >= self._waits_per_peer:
-                    raise QuotaFull(
-                        "waits_per_peer", f"peer {op.peer_id} has {waiting} acquires waiting"
-                    )
+                self._limits.make_room_to_wait(
+                    op, self._parked.count_of(op.peer_id), len(self._parked)
+                )
             result = apply(self._core, op, now, self._rng)
         except SemaphoreError as error:
             answers.answered(key, None, error)

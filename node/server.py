@@ -88,7 +88,7 @@ async def run_node(
     limits = config.limits
     actor = SemaphoreActor(
         SemaphoreCore(config.semaphores, epoch=epoch_now(), limits=limits),
-        waits_per_peer=limits.waits_per_peer,
+        limits=limits,
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"]

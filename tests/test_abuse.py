@@ -493,6 +493,26 @@ def test_waiting_acquires_of_one_peer_are_bounded(tmp_path):
         bystander(node)
 
 
+def test_waiting_acquires_of_a_node_are_bounded(tmp_path):
+    with NodeProcess(CONFIG + "[limits]\nwaits = 50\n", workdir=tmp_path) as node:
+        holder, _ = holder_and_waiter(node, "B", "1m")
+        waiters = [
+            json.loads(request(node, "POST", "/new_peer", b'{"expires_in":"1m"}')[1])
+            for _ in range(60)
+        ]
+        waits = [
+            {"id": i, "op": "acquire", "peer": peer, "semaphore": "B", "wait": 1}
+            for i, peer in enumerate(waiters)
+        ]
+        answers = ws_session(node, [waits])
+        refused = [a for a in answers if a.get("error") == "quota_full"]
+        assert len(refused) == 10 and len(answers) - len(refused) == 50
+        assert refused[0]["message"] == "this node has 50 acquires waiting ([limits] waits)"
+        status, body = request(node, "PUT", f"/peers/{waiters[0]}/B?block_for=1s", b"1")
+        assert (status, body) == (202, str(waiters[0]).encode())  # room again once they ran out
+        bystander(node)
+
+
 def test_sigterm_stops_the_node_within_a_second_with_600_abusive_sockets_open(tmp_path):
     import signal
 

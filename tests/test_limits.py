@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from sluicegate.cluster.shard import Shard
 LIMITS = Limits(
     peers=3,
     waits_per_peer=2,
+    waits=3,
     longest_expires_in=60.0,
     longest_block_for=10.0,
     restore_count=5,
@@ -109,3 +111,47 @@ def test_a_peer_waits_for_at_most_waits_per_peer_acquires_at_a_cluster_home():
     assert answers[3].result.acquired
     assert 4 not in answers and 5 not in answers
     assert isinstance(answers[6].error, QuotaFull)
+
+
+def test_an_acquire_that_may_wait_is_refused_while_the_node_has_its_waits():
+    long_poll, at_once = Acquire(9, "A", 1, block_for=5), Acquire(9, "A", 1)
+    LIMITS.make_room_to_wait(long_poll, of_peer=1, in_all=2)
+    with pytest.raises(QuotaFull) as full:
+        LIMITS.make_room_to_wait(long_poll, of_peer=0, in_all=3)
+    assert str(full.value) == "this node has 3 acquires waiting ([limits] waits)"
+    LIMITS.make_room_to_wait(at_once, of_peer=0, in_all=3)
+    with pytest.raises(QuotaFull) as full:
+        LIMITS.make_room_to_wait(at_once, of_peer=2, in_all=0)
+    assert full.value.limit == "waits_per_peer"
+
+
+def test_a_cluster_home_holds_at_most_its_waits_of_all_peers():
+    ownership = Ownership(
+        "n1", lease=1.0, settle=1.0, era_floor=1000, rng=random.Random(1), now=0.0
+    )
+    limits = replace(LIMITS, peers=10)
+    shard = Shard("n1", {"A": SemaphoreConfig(1)}, ownership, random.Random(2), limits=limits)
+    now = 0.0
+    shard.members_changed({"n1": 1}, ["n1"], now)
+    while not shard.ownership.serves_share(now):
+        now += 0.1
+        shard.tick(now)
+        shard.flush(now)
+    for request_id in range(5):
+        shard.submit(request_id, NewPeer(600), now)
+    shard.flush(now)
+    holder, *waiters = (answer.result for answer in shard.answers())
+    shard.submit(10, Acquire(holder, "A", 1), now)
+    for request_id, waiter in enumerate(waiters, start=11):
+        shard.submit(request_id, Acquire(waiter, "A", 1, block_for=30), now)
+    shard.flush(now)
+    answers = {answer.request_id: answer for answer in shard.answers()}
+    assert answers[10].result.acquired
+    assert not {11, 12, 13} & answers.keys()
+    assert str(answers[14].error) == "this node has 3 acquires waiting ([limits] waits)"
+    # One that waits no longer makes room.
+    shard.submit(20, Heartbeat(waiters[0], 0), now)
+    shard.flush(now)
+    shard.submit(21, Acquire(waiters[3], "A", 1, block_for=30), now)
+    shard.flush(now)
+    assert 21 not in {answer.request_id for answer in shard.answers()}
