@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 from .semaphore_ops import Acquire
 
+# Parked acquires a stop answers in one step: the node's loop runs between two such steps.
+STOP_CHUNK = 1000
+
 
 @dataclass(eq=False)
 class ParkedAcquire:
@@ -84,9 +87,16 @@ class ParkedAcquires:
         self._stale += len(requests)
         return requests
 
-    def take_all(self) -> list[ParkedAcquire]:
-        requests = [self._request(i) for waiting in self._by_peer.values() for i in waiting]
-        self._by_peer, self._by_id, self._deadlines, self._stale = {}, {}, [], 0
+    def take_first(self, most: int) -> list[ParkedAcquire]:
+        """Take out the `most` acquires parked longest ago (all, if fewer wait)."""
+        requests = [self._request(i) for i in itertools.islice(self._by_id, most)]
+        for request in requests:
+            self._unlist(request.op.peer_id, request.request_id)
+            del self._by_id[request.request_id]
+        if self._by_id:
+            self._stale += len(requests)
+        else:
+            self._deadlines, self._stale = [], 0
         return requests
 
     def withdraw(self, request_id: int) -> bool:

@@ -40,7 +40,7 @@ from .lock_messages import (
 )
 from .owner import Owner
 from .ownership import Gained, Lost, Ownership
-from .parked import ParkedAcquires
+from .parked import STOP_CHUNK, ParkedAcquires
 from .peers import PeerRecord
 from .ring import peer_key, semaphore_key
 from .semaphore_leases import SemaphoreConfig, SemaphoreStats
@@ -234,18 +234,21 @@ class Shard:
 
     def leave(self, now: float) -> None:
         """Hand every slot on (`Ownership.leave`) and park no acquire any more."""
-        self.stop_blocking(now)
+        while self.stop_blocking(now):
+            pass
         self._begin(now)
         self.ownership.leave(now)
         self._end(now)
 
-    def stop_blocking(self, now: float) -> None:
-        """Answer every parked acquire "not yet" now, and park none any more (shutting down)."""
+    def stop_blocking(self, now: float) -> bool:
+        """Park no acquire any more (shutting down), and answer up to `STOP_CHUNK` of those
+        parked "not yet" now; whether more are left."""
         self._begin(now)
         self._blocking = False
-        for request in self._parked.take_all():
+        for request in self._parked.take_first(STOP_CHUNK):
             self._reply(request.op.peer_id, Answer(request.request_id, NOT_YET))
         self._end(now)
+        return len(self._parked) > 0
 
     # -- outputs ----------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import trio
 
 from sluicegate.cluster.errors import SemaphoreError, UnknownPeer
 from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
-from sluicegate.cluster.parked import ParkedAcquire, ParkedAcquires
+from sluicegate.cluster.parked import STOP_CHUNK, ParkedAcquire, ParkedAcquires
 from sluicegate.cluster.peers import EXPIRE_CHUNK
 from sluicegate.cluster.semaphore_ops import Acquire, AcquireOutcome, Operation, Restore, apply
 from sluicegate.cluster.semaphores import LockGranted, PeerRemoved, SemaphoreCore, SemaphoreStats
@@ -127,10 +127,12 @@ class Askers:
 
 
 class _StopBlocking:
-    """Control message: answer every parked acquire now and park no more (used at shutdown)."""
+    """Control message: park no more acquires and answer up to `STOP_CHUNK` of those parked
+    (used at shutdown); `more` says whether some are left."""
 
     def __init__(self) -> None:
         self.done = trio.Event()
+        self.more = False
 
 
 class _Stats:
@@ -193,9 +195,14 @@ class SemaphoreActor:
         return message.result
 
     async def stop_blocking(self) -> None:
-        message = _StopBlocking()
-        await self._send.send(message)
-        await message.done.wait()
+        """Answer every parked acquire "not yet", and park none any more. In chunks, so that
+        the loop runs between them: tens of thousands at once stalled it."""
+        while True:
+            message = _StopBlocking()
+            await self._send.send(message)
+            await message.done.wait()
+            if not message.more:
+                return
 
     @property
     def core(self) -> SemaphoreCore:
@@ -220,7 +227,7 @@ class SemaphoreActor:
                     batch.append(await inbox.receive())
             except trio.EndOfChannel:
                 self._blocking = False
-                self._answer_all_parked()
+                self._answer_parked_first(len(self._parked))
                 return
             finally:
                 self._sleep = None
@@ -263,7 +270,8 @@ class SemaphoreActor:
             message.result = self._core.stats(now)
         elif isinstance(message, _StopBlocking):
             self._blocking = False
-            self._answer_all_parked()
+            self._answer_parked_first(STOP_CHUNK)
+            message.more = len(self._parked) > 0
         message.done.set()
 
     def _apply(self, op: Operation, key: int, answers: Answers, now: float) -> None:
@@ -312,6 +320,7 @@ class SemaphoreActor:
         answers, key = self._askers.pop(parked.request_id)
         answers.answered(key, result, error)
 
-    def _answer_all_parked(self) -> None:
-        for parked in self._parked.take_all():
+    def _answer_parked_first(self, most: int) -> None:
+        """Answer "not yet" the `most` acquires parked longest ago."""
+        for parked in self._parked.take_first(most):
             self._answer_parked(parked, NOT_YET)

@@ -93,13 +93,13 @@ class ShardActor:
         self.shard.members_changed(live, voters, self._clock.now())
         self._after()
 
-    def stop_blocking(self) -> None:
-        """Answer every parked acquire now, and park none any more (shutting down)."""
-        self.shard.stop_blocking(self._clock.now())
-        self._after()
-
     async def leave(self, timeout: float) -> None:
-        """Hand every slot on before this node says goodbye; at most `timeout`."""
+        """Answer every parked acquire and park none any more, then hand every slot on before
+        this node says goodbye; at most `timeout` for the slots."""
+        # The loop runs between chunks of answers: tens of thousands at once stalled it.
+        while self.shard.stop_blocking(self._clock.now()):
+            self._after()
+            await self._clock.sleep(0)
         self.shard.leave(self._clock.now())
         self._after()
         with self._clock.move_on_after(timeout):

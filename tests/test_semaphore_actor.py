@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from sluicegate.cluster.errors import UnknownPeer, UnknownSemaphore
+from sluicegate.cluster.parked import STOP_CHUNK
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -128,6 +129,42 @@ async def test_stop_blocking_answers_parked_acquires(autojump_clock, actor, nurs
     # After that, acquires answer at once instead of parking.
     assert (await actor.call(Acquire(waiter, "A", 1, block_for=1000))).acquired is False
     assert trio.current_time() == started
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.outcomes: dict[int, object] = {}
+
+    def answered(self, key: int, result: object, error: BaseException | None) -> None:
+        self.outcomes[key] = result if error is None else error
+
+
+async def test_a_stop_answers_thousands_of_parked_acquires_in_chunks(autojump_clock, nursery):
+    """Others run between the chunks: 20,000 answers in one step stalled the node 75 ms."""
+    actor = SemaphoreActor(SemaphoreCore({"A": SemaphoreConfig(1)}), rng=random.Random(7))
+    await nursery.start(actor.run)
+    collected = Collected()
+    peers = [await actor.call(NewPeer(600)) for _ in range(STOP_CHUNK * 5 // 2 + 1)]
+    holder, waiters = peers[0], peers[1:]
+    await actor.call(Acquire(holder, "A", 1))
+    actor.submit([(Acquire(p, "A", 1, block_for=600), i) for i, p in enumerate(waiters)], collected)
+    assert collected.outcomes == {}
+    seen: list[int] = []
+    stopped = trio.Event()
+
+    async def watch() -> None:
+        while not stopped.is_set():
+            seen.append(len(collected.outcomes))
+            await trio.sleep(0)
+
+    nursery.start_soon(watch)
+    await actor.stop_blocking()
+    stopped.set()
+    assert set(collected.outcomes.values()) == {AcquireOutcome(False)}
+    assert len(collected.outcomes) == len(waiters)
+    assert {STOP_CHUNK, 2 * STOP_CHUNK} <= set(seen)
+    assert len(actor._parked) == 0 and len(actor._parked._deadlines) == 0
+    actor.close()
 
 
 async def test_many_concurrent_callers_are_served_in_arrival_order(autojump_clock, actor):

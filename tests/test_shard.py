@@ -6,6 +6,7 @@ from __future__ import annotations
 from sluicegate.cluster.errors import NotServing, StaleOperation, UnknownPeer
 from sluicegate.cluster.home import DECISION_TIMEOUT
 from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRestore
+from sluicegate.cluster.parked import STOP_CHUNK
 from sluicegate.cluster.peers import EXPIRE_CHUNK
 from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import SemaphoreConfig
@@ -214,6 +215,29 @@ def test_a_withdrawn_acquire_is_never_answered_and_no_longer_waits():
     assert not any(request_id in cluster.answers for request_id in gone)
     assert shard.next_deadline() < float("inf")  # the ownership's own, not a parked one
     assert len(shard._parked) == 0
+
+
+def test_a_stop_answers_parked_acquires_a_chunk_at_a_time():
+    cluster = Shards(CONFIG, NODES)
+    holder = new_peer(cluster, "n1")
+    assert granted(cluster.call(Acquire(holder, "A", 1)))
+    waiting = []
+    while len(waiting) < STOP_CHUNK * 5 // 2:
+        peer = cluster.call(NewPeer(600), "n1").result
+        if cluster.target(Heartbeat(peer, 1)) == "n1":
+            waiting.append(cluster.submit("n1", Acquire(peer, "A", 1, block_for=60.0)))
+    cluster.settle()
+    shard = cluster.nodes["n1"]
+    assert len(shard._parked) == len(waiting)
+    answered = []
+    for more in (True, True, False):
+        assert shard.stop_blocking(cluster.now) is more
+        answered.append(len(shard.answers()))
+    assert answered == [STOP_CHUNK, STOP_CHUNK, len(waiting) - 2 * STOP_CHUNK]
+    # Stopped: an acquire that would wait is answered "not yet" at once.
+    late = cluster.submit("n1", Acquire(peer, "A", 1, block_for=60.0))
+    cluster.settle()
+    assert cluster.answers[late].result == AcquireOutcome(False)
 
 
 def test_a_heartbeat_that_ends_its_peer_is_answered_once_its_locks_are_back():
