@@ -929,6 +929,12 @@ class Ownership:
         if slot in self._to_resign:
             self._resign(slot, now)
         if owned.phase == WRITING and committed >= 1:
+            if now >= owned.lease_from + self.usable_lease:
+                # Committed only after the lease it was taken under ran out (this node was
+                # paused, say): another may have taken the slot and written since, and what
+                # this node adopted lacks it. Not gained, even for a moment.
+                self._give_up(slot, now)
+                return
             owned.phase = ACTING
             self._backoff[slot] = self.lease / 8
             self._deadline = None

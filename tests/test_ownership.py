@@ -14,6 +14,7 @@ from sluicegate.cluster.ownership import (
     ColdAnswer,
     ColdStart,
     ColdStarted,
+    Gained,
     Ownership,
     Prepare,
     Promise,
@@ -189,6 +190,23 @@ def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
     core.events()
     core.receive("n2", ColdStart(Ballot(9, 0, "n2")), 0.5)
     assert core.outbox() == [("n2", ColdAnswer(Ballot(9, 0, "n2"), NO_BALLOT, True))]
+
+
+def test_a_write_committed_after_its_lease_ran_out_gains_nothing():
+    """A node paused between its write and the answers: the others took the slot and wrote
+    meanwhile, and the answers it woke to made it gain from what it had adopted, without those
+    writes (model seed 1132)."""
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    prepares = [m for _, m in core.outbox() if isinstance(m, Prepare)]
+    slot, ballot = prepares[0].slot, prepares[0].ballot
+    core.receive("n2", Promise(slot, ballot, NO_BALLOT, 0, []), 0.01)
+    write = next(m for _, m in core.outbox() if isinstance(m, Accept) and m.slot == slot)
+    core.events()
+    core.receive("n2", Accepted(slot, ballot, write.version), 5.0)
+    assert not any(isinstance(e, Gained) for e in core.events())
+    assert slot not in core.acting_slots(5.0)
 
 
 def test_a_larger_era_seen_drops_what_an_older_one_left():
