@@ -130,6 +130,8 @@ class Membership:
         self._voters_changed_at = -math.inf
         # Forgotten lives heard from since the last tick: told at the next one.
         self._awake_forgotten: set[str] = set()
+        # Member -> the generation of its life this node heard from itself, not through others.
+        self._heard_from: dict[str, int] = {}
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -171,6 +173,22 @@ class Membership:
             if entry.alive and entry.state.definitions != mine
         }
 
+    def knows_the_cluster(self) -> bool:
+        """Has this node heard from each of its seeds, and from every member any of them named,
+        in its current life, its own gossip? Then it knows every member those know: waiting
+        longer would teach it of none but those that start meanwhile (docs/cluster.md, "New
+        lives, and a cold start"). Never without seeds: a node that knows nobody cannot tell
+        whether others know it."""
+        if not self._seeds:
+            return False
+        others = self._others
+        heard_at = {others[node_id].state.address for node_id in self._heard_from}
+        return set(self._seeds) <= heard_at and all(
+            self._heard_from.get(node_id) == entry.state.generation
+            for node_id, entry in others.items()
+            if not entry.state.left
+        )
+
     def state_of(self, node_id: str) -> MemberState | None:
         if node_id == self.node_id:
             return self._me
@@ -181,6 +199,11 @@ class Membership:
         """When (by our clock) another member's entry last advanced; None for unknown or self."""
         entry = self._others.get(node_id)
         return entry.changed_at if entry is not None else None
+
+    def gossip(self) -> Gossip:
+        """This node's whole table, as it gossips it."""
+        states = [self._me, *(entry.state for _, entry in sorted(self._others.items()))]
+        return Gossip(self.node_id, tuple(states))
 
     def events(self) -> list[MembershipEvent]:
         events, self._events = self._events, []
@@ -217,7 +240,7 @@ class Membership:
                 targets.extend(seeds)
             else:
                 targets.append(rng.choice(seeds))
-        gossip = self._gossip()
+        gossip = self.gossip()
         return [(target, gossip) for target in dict.fromkeys(targets)]
 
     def receive(self, gossip: Gossip, now: float) -> None:
@@ -229,6 +252,9 @@ class Membership:
                     self._me = replace(me, heartbeat=FORGOTTEN, left=True)
                     self._events.append(Forgotten(self.node_id))
                 continue
+            if state.node_id == gossip.sender:
+                heard = self._heard_from.get(state.node_id, state.generation)
+                self._heard_from[state.node_id] = max(heard, state.generation)
             entry = self._others.get(state.node_id)
             if entry is None:
                 entry = self._others[state.node_id] = _Entry(state, now, alive=False)
@@ -302,11 +328,5 @@ class Membership:
         """Say goodbye: the final gossip, to every member believed alive."""
         me = self._me
         self._me = replace(me, heartbeat=me.heartbeat + 1, left=True)
-        gossip = self._gossip()
+        gossip = self.gossip()
         return [(e.state.address, gossip) for _, e in sorted(self._others.items()) if e.alive]
-
-    # -- internals --------------------------------------------------------------------------
-
-    def _gossip(self) -> Gossip:
-        states = [self._me, *(entry.state for _, entry in sorted(self._others.items()))]
-        return Gossip(self.node_id, tuple(states))

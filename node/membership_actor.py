@@ -134,6 +134,10 @@ class MembershipActor:
         """Live members whose semaphore and rate-limit definitions differ from this node's."""
         return self._membership.drifted_members()
 
+    def knows_the_cluster(self) -> bool:
+        """Heard from each seed and every member they named (`Membership.knows_the_cluster`)."""
+        return self._membership.knows_the_cluster()
+
     def generations(self) -> dict[str, int]:
         """Each live member's generation: a new one means it restarted and lost its memory."""
         members = {}
@@ -294,6 +298,9 @@ class MembershipActor:
             if isinstance(event, MemberUp):
                 log.info("Member %s is up at %s.", event.node_id, event.address)
                 self._keep_linked(event.node_id, event.address)
+                # At once, not at the next tick: until it has heard from every member it knows
+                # of, a starting member waits (`Membership.knows_the_cluster`).
+                self._links.send(event.node_id, self._membership.gossip())
             elif isinstance(event, MemberDown):
                 log.warning(
                     "Member %s %s.", event.node_id, "left" if event.left else "is down (silent)"

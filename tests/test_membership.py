@@ -290,3 +290,37 @@ def test_last_advanced_is_when_news_of_a_member_last_arrived():
     node.receive(Gossip("b", (MemberState("b", "b", 1, 2),)), now=6.0)
     assert node.last_advanced("b") == 6.0
     assert node.last_advanced("a") is None
+
+
+def gossip_of(sender: str, *others: MemberState, generation: int = 1) -> Gossip:
+    return Gossip(sender, (MemberState(sender, sender, generation, 5), *others))
+
+
+def test_a_node_knows_the_cluster_once_it_heard_each_seed_and_every_member_they_named():
+    node = Membership("n1", "n1", 1, seeds=["n2", "n3"])
+    assert not node.knows_the_cluster()
+    node.receive(gossip_of("n2", MemberState("n4", "n4", 1, 3)), 0.0)
+    node.receive(gossip_of("n3"), 0.0)
+    assert not node.knows_the_cluster()  # n4 was named, by n2, but not heard from itself
+    node.receive(gossip_of("n4"), 0.1)
+    assert node.knows_the_cluster()
+    # A new life of n3 told of by another: its memory is not the one heard.
+    node.receive(gossip_of("n2", MemberState("n3", "n3", 2, 0)), 0.2)
+    assert not node.knows_the_cluster()
+    node.receive(gossip_of("n3", generation=2), 0.3)
+    assert node.knows_the_cluster()
+
+
+def test_a_node_without_seeds_or_with_one_silent_never_knows_the_cluster():
+    alone = Membership("n1", "n1", 1)
+    alone.receive(gossip_of("n2"), 0.0)
+    assert not alone.knows_the_cluster()  # whoever has it as a seed may not have spoken yet
+    waiting = Membership("n1", "n1", 1, seeds=["n2", "n3"])
+    waiting.receive(gossip_of("n2", MemberState("n3", "n3", 1, 7)), 0.0)
+    assert not waiting.knows_the_cluster()  # n3 heard of, through n2 only
+
+
+def test_members_that_said_goodbye_need_not_be_heard_from():
+    node = Membership("n1", "n1", 1, seeds=["n2"])
+    node.receive(gossip_of("n2", MemberState("n3", "n3", 1, 9, left=True)), 0.0)
+    assert node.knows_the_cluster()
