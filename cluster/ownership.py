@@ -30,7 +30,8 @@ q a quorum), keeping the largest copy and promise of each. When a quorum of vote
 read from (a cold start), one of them proposes a new *era* (`ColdStart`); not-ready members
 accept the largest proposal, ready ones refuse it, and a proposal a quorum accepted makes its
 acceptors ready in that era, empty. Decisions about recovery wait `settle` seconds from the
-start, to learn the voters first. The ring that names who takes each slot leaves out the
+start, to learn the voters first, unless the membership heard from every member it knows of
+(`knows_the_voters`). The ring that names who takes each slot leaves out the
 members that are recovering (a `Recover` or `ColdStart` from them says so, until a message only
 a ready life sends): a member back from a crash before its old leases ran out would otherwise
 keep its slots from everyone until its own recovery ends, a lease and more later.
@@ -351,6 +352,8 @@ class Ownership:
         self._now = now
         self._quarantine_until = now + lease * (1 + DRIFT) / (1 - DRIFT)
         self._settle_until = now + settle
+        # The membership heard from every member it knows of (`knows_the_voters`).
+        self._voters_known = False
         self.era = 0
         self.ready = False
         self._acceptors = [_Acceptor() for _ in range(SLOTS)]
@@ -383,8 +386,14 @@ class Ownership:
         self._renew_at = -math.inf
         self._recovery: _Recovery | None = _Recovery()
         self._recover_at = now
-        # The largest cold-start proposal this life accepted.
+        # The largest cold-start proposal this life accepted, the one it started, and one that
+        # won while this life did not know the voters yet (it starts once it does).
         self._accepted_cold = NO_BALLOT
+        self._started_cold: Ballot | None = None
+        self._cold_started: Ballot | None = None
+        # (sender, slot) -> the latest ballot a member prepared before this life was ready:
+        # answered once it is (at most one per member and slot).
+        self._early_prepares: dict[tuple[str, int], Ballot] = {}
         self._outbox: list[tuple[str, Message]] = []
         self._local: list[Message] = []
         self._events: list[Event] = []
@@ -500,6 +509,17 @@ class Ownership:
         self._designate()
         self.tick(now)
 
+    def knows_the_voters(self, now: float) -> None:
+        """The membership heard from each seed and every member they named
+        (`Membership.knows_the_cluster`): recovery decides without waiting out `settle`, and
+        a cold start, once every other voter answers as a new life with nothing, without the
+        quarantine either (docs/cluster.md, "New lives, and a cold start")."""
+        if self.ready or self._voters_known:
+            return
+        self._voters_known = True
+        self._settle_until = min(self._settle_until, now)
+        self.tick(now)
+
     def _designate(self) -> None:
         """Name a live member for each slot: the ring over those not recovering (this node
         too, while it recovers: what it is asked meanwhile goes to those that can act)."""
@@ -580,8 +600,14 @@ class Ownership:
 
     def _handle(self, sender: str, message: Message, now: float) -> None:
         recovering = _FROM_RECOVERING.get(type(message))
-        if isinstance(message, RecoverReply | ColdAnswer):
+        if isinstance(message, RecoverReply):
             recovering = not message.ready
+        elif isinstance(message, ColdAnswer):
+            # One that accepted the cold start this node won starts with it: named in the ring
+            # at once, it does not take the slots of the others and hand them back.
+            started = self._started_cold
+            joins = started is not None and message.accepted == message.proposal == started
+            recovering = not message.ready and not joins
         if recovering is not None and (sender in self._recovering) != recovering:
             if recovering:
                 self._recovering.add(sender)
@@ -619,7 +645,8 @@ class Ownership:
                 self._on_cold_answer(sender, message, now)
             case ColdStarted(proposal):
                 if not self.ready and self._accepted_cold == proposal:
-                    self._become_ready(proposal.era, now, cold=True)
+                    self._cold_started = proposal
+                    self._recover(now)
 
     def _see(self, slot: int, ballot: Ballot, now: float) -> None:
         if ballot > self._seen[slot]:
@@ -629,6 +656,7 @@ class Ownership:
 
     def _on_prepare(self, sender: str, slot: int, ballot: Ballot, now: float) -> None:
         if not self.ready:
+            self._early_prepares[sender, slot] = ballot
             return
         self._see(slot, ballot, now)
         acceptor = self._acceptors[slot]
@@ -708,20 +736,36 @@ class Ownership:
     # -- recovery ---------------------------------------------------------------------------
 
     def _recover(self, now: float) -> None:
+        if self._cold_started is not None and self._cold_started == self._accepted_cold:
+            # A cold start it accepted won: nothing to read. Ready only once it knows the
+            # voters, though: with members it had not heard of yet, it would count a quorum of
+            # them alone.
+            if now >= self._settle_until:
+                self._become_ready(self._cold_started.era, now, cold=True)
+            return
         recovery = self._recovery
         others = sorted(self._voters - {self.me})
-        if now >= self._recover_at:
+        again = now >= self._recover_at
+        if again:
             self._recover_at = now + RECOVER_RETRY
             self._deadline = None
-            for member in others:
-                reply = recovery.replies.get(member)
-                if reply is None or not (reply.ready and reply.complete):
-                    recovery.asked[member] = nonce = self._rng.getrandbits(63)
-                    self._send(member, Recover(nonce))
-        if now < self._settle_until or now < self._quarantine_until:
+        for member in others:
+            reply = recovery.replies.get(member)
+            # A member just learned of is asked at once, the rest every `RECOVER_RETRY`.
+            if (again or member not in recovery.asked) and not (
+                reply is not None and reply.ready and reply.complete
+            ):
+                recovery.asked[member] = nonce = self._rng.getrandbits(63)
+                self._send(member, Recover(nonce))
+        if now < self._settle_until:
             return
         need = self._quorum
         ready = [m for m in others if (r := recovery.replies.get(m)) and r.ready and r.complete]
+        blank = [m for m in others if (r := recovery.replies.get(m)) and not r.ready]
+        # The quarantine waits out leases the previous life promised to a member acting on
+        # them; with every voter known and a new life with nothing, none acts (docs/cluster.md).
+        if now < self._quarantine_until and not (self._voters_known and len(blank) == len(others)):
+            return
         # Any quorum that held the previous life holds at least `need - 1` of the others, so
         # this many ready others share a member with it (docs/cluster.md).
         if ready and len(ready) >= len(self._voters) - need + 1:
@@ -730,12 +774,19 @@ class Ownership:
         if recovery.proposal is not None:
             if len(recovery.accepted_by & self._voters) >= need:
                 proposal = recovery.proposal
+                self._started_cold = proposal
                 self._become_ready(proposal.era, now, cold=True)
                 for member in sorted(recovery.accepted_by - {self.me}):
                     self._send(member, ColdStarted(proposal))
             return
-        blank = [m for m in others if (r := recovery.replies.get(m)) and not r.ready]
-        if len(blank) + 1 >= need and now >= recovery.propose_after:
+        if len(blank) + 1 < need:
+            return
+        if recovery.propose_after == -math.inf:
+            # The smallest id proposes first, the others only if it has not won meanwhile:
+            # proposals of all at once split the acceptors, and none may win.
+            rank = sorted([*blank, self.me]).index(self.me)
+            recovery.propose_after = now + rank * RECOVER_RETRY
+        if now >= recovery.propose_after:
             eras = [reply.era for reply in recovery.replies.values()]
             era = max(self._era_floor, self._accepted_cold.era, *eras) + 1
             recovery.proposal = Ballot(era, 0, self.me)
@@ -782,9 +833,15 @@ class Ownership:
         self.ready = True
         self._designate()
         self._events.append(Ready(era, cold=False))
+        self._answer_early_prepares(now)
 
     def _on_cold_answer(self, sender: str, answer: ColdAnswer, now: float) -> None:
         recovery = self._recovery
+        accepted = not answer.ready and answer.accepted == answer.proposal
+        if recovery is None and accepted and answer.proposal == self._started_cold:
+            # Accepted after the quorum did: it starts in the era too, as those did.
+            self._send(sender, ColdStarted(answer.proposal))
+            return
         if recovery is None or recovery.proposal != answer.proposal:
             return
         if answer.ready or answer.accepted != answer.proposal:
@@ -810,6 +867,15 @@ class Ownership:
         self._designate()
         self._deadline = None
         self._events.append(Ready(era, cold=cold))
+        self._answer_early_prepares(now)
+
+    def _answer_early_prepares(self, now: float) -> None:
+        """Answer the prepares that came before this life was ready, as if they came now (as
+        late as the network may bring any): unanswered, their preparers would wait a lease for
+        the promises they need, members of the same cold start more than a second apart."""
+        early, self._early_prepares = self._early_prepares, {}
+        for (sender, slot), ballot in sorted(early.items()):
+            self._on_prepare(sender, slot, ballot, now)
 
     def _new_era(self, era: int, now: float) -> None:
         """A larger era started elsewhere: whatever this node holds of an older one could not

@@ -232,6 +232,12 @@ class Shard:
         self.ownership.members_changed(live, voters, now)
         self._end(now)
 
+    def knows_the_voters(self, now: float) -> None:
+        """See `Ownership.knows_the_voters`."""
+        self._begin(now)
+        self.ownership.knows_the_voters(now)
+        self._end(now)
+
     def leave(self, now: float) -> None:
         """Hand every slot on (`Ownership.leave`) and park no acquire any more."""
         while self.stop_blocking(now):

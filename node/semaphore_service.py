@@ -153,6 +153,7 @@ class ClusterSemaphores:
         self._takeover = takeover
         self._limits = limits
         self._members: tuple | None = None
+        self._knows_the_cluster = False
         self.forwarded = 0
 
     @property
@@ -277,13 +278,17 @@ class ClusterSemaphores:
             await self._clock.sleep(WATCH_INTERVAL)
 
     def follow_members(self) -> None:
-        """Tell the shard of the members, if they changed since it was last told."""
+        """Tell the shard of the members, if they changed since it was last told, and once that
+        the membership knows the cluster (`Ownership.knows_the_voters`)."""
         members = (self._membership.generations(), self._membership.known_members())
         if members != self._members:
             if self._members is not None:
                 log.info("Members now: %s.", ", ".join(sorted(members[0])))
             self._members = members
             self._actor.members_changed(*members)
+        if not self._knows_the_cluster and self._membership.knows_the_cluster():
+            self._knows_the_cluster = True
+            self._actor.knows_the_voters()
 
     async def leave(self, timeout: float) -> None:
         """Stopping: hand every slot on before the goodbye, waiting at most `timeout`."""

@@ -93,6 +93,11 @@ class ShardActor:
         self.shard.members_changed(live, voters, self._clock.now())
         self._after()
 
+    def knows_the_voters(self) -> None:
+        """The membership heard from every member it knows of (`Ownership.knows_the_voters`)."""
+        self.shard.knows_the_voters(self._clock.now())
+        self._after()
+
     async def leave(self, timeout: float) -> None:
         """Answer every parked acquire and park none any more, then hand every slot on before
         this node says goodbye; at most `timeout` for the slots."""

@@ -248,6 +248,10 @@ class Model:
         if view != life.view:
             life.view = view
             life.core.members_changed(live, voters, now)
+        # As `Membership.knows_the_cluster`, every other node being a seed: this life heard
+        # from each of them.
+        if set(self.ids) - {life.node} <= life.heard.keys():
+            life.core.knows_the_voters(now)
 
     def _maybe_write(self, life: Life, now: float) -> None:
         acting = life.core.acting_slots(now)

@@ -18,6 +18,7 @@ from sluicegate.cluster.ownership import (
     Ownership,
     Prepare,
     Promise,
+    Ready,
     Recover,
     RecoverReply,
     Refuse,
@@ -43,7 +44,8 @@ def record(key: int) -> PeerRecord:
 # -- the invariants, over many schedules ------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(8))
+# 1132: a write committed after its lease ran out gained a slot from a stale state.
+@pytest.mark.parametrize("seed", [*range(8), 1132])
 def test_three_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(seed):
     model = random_run(seed)
     assert model.violations == []
@@ -119,6 +121,27 @@ def test_a_cluster_starting_cold_agrees_on_one_era_and_takes_every_slot():
     assert model.serving() == []
 
 
+def test_a_cold_start_that_heard_every_member_waits_out_neither_settle_nor_quarantine():
+    """Settle (down_after, 1 s here) and the quarantine (a lease, 1 s) are there to learn the
+    voters and to outlast promises of earlier lives: once every member answered, as a new
+    life with nothing, neither is needed."""
+    model = Model(7)
+    model.run_until(0.5)
+    assert all(life.core.ready for life in model.lives.values())
+    model.run_until(1.0)
+    assert model.serving() == [] and model.violations == []
+
+
+def test_a_cold_start_that_has_not_heard_a_member_waits_them_out():
+    model = Model(7)
+    model.crash("n3")  # silent from the start: n1 and n2 know of it, as seeds of theirs
+    model.run_until(0.9)
+    assert not any(life.core.ready for life in model.lives.values() if life is not None)
+    model.run_until(3.0)
+    assert all(life.core.ready for life in model.lives.values() if life is not None)
+    assert model.violations == []
+
+
 def test_a_restarted_node_recovers_the_era_and_what_its_old_life_held():
     model = Model(8)
     model.run_until(5.0)
@@ -190,6 +213,21 @@ def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
     core.events()
     core.receive("n2", ColdStart(Ballot(9, 0, "n2")), 0.5)
     assert core.outbox() == [("n2", ColdAnswer(Ballot(9, 0, "n2"), NO_BALLOT, True))]
+
+
+def test_a_cold_start_won_before_this_node_knew_the_voters_waits_until_it_does():
+    """Links can bring a cold start before gossip brings its members: ready then, a node
+    counting itself as the only voter took all 256 slots alone beside the others."""
+    core = Ownership("n3", lease=3.0, settle=3.0, era_floor=5, rng=random.Random(1), now=0.0)
+    proposal = Ballot(9, 0, "n1")
+    core.receive("n1", ColdStart(proposal), 0.1)
+    assert core.outbox() == [("n1", ColdAnswer(proposal, proposal, False))]
+    core.receive("n1", ColdStarted(proposal), 0.2)
+    assert not core.ready
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.3)
+    assert not core.ready
+    core.knows_the_voters(0.4)
+    assert core.ready and core.era == 9 and core.events() == [Ready(9, cold=True)]
 
 
 def test_a_write_committed_after_its_lease_ran_out_gains_nothing():
