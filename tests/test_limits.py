@@ -88,17 +88,23 @@ def test_a_rate_limit_key_longer_than_the_longest_is_refused():
     assert limits.keys() == 0
 
 
-def test_a_peer_waits_for_at_most_waits_per_peer_acquires_at_a_cluster_home():
+def serving_shard(limits: Limits) -> tuple[Shard, float]:
+    """A cluster of one member that serves every slot, and the time it does from."""
     ownership = Ownership(
         "n1", lease=1.0, settle=1.0, era_floor=1000, rng=random.Random(1), now=0.0
     )
-    shard = Shard("n1", {"A": SemaphoreConfig(1)}, ownership, random.Random(2), limits=LIMITS)
+    shard = Shard("n1", {"A": SemaphoreConfig(1)}, ownership, random.Random(2), limits=limits)
     now = 0.0
     shard.members_changed({"n1": 1}, ["n1"], now)
     while not shard.ownership.serves_share(now):
         now += 0.1
         shard.tick(now)
         shard.flush(now)
+    return shard, now
+
+
+def test_a_peer_waits_for_at_most_waits_per_peer_acquires_at_a_cluster_home():
+    shard, now = serving_shard(LIMITS)
     shard.submit(1, NewPeer(600), now)
     shard.submit(2, NewPeer(600), now)
     shard.flush(now)
@@ -126,17 +132,7 @@ def test_an_acquire_that_may_wait_is_refused_while_the_node_has_its_waits():
 
 
 def test_a_cluster_home_holds_at_most_its_waits_of_all_peers():
-    ownership = Ownership(
-        "n1", lease=1.0, settle=1.0, era_floor=1000, rng=random.Random(1), now=0.0
-    )
-    limits = replace(LIMITS, peers=10)
-    shard = Shard("n1", {"A": SemaphoreConfig(1)}, ownership, random.Random(2), limits=limits)
-    now = 0.0
-    shard.members_changed({"n1": 1}, ["n1"], now)
-    while not shard.ownership.serves_share(now):
-        now += 0.1
-        shard.tick(now)
-        shard.flush(now)
+    shard, now = serving_shard(replace(LIMITS, peers=10))
     for request_id in range(5):
         shard.submit(request_id, NewPeer(600), now)
     shard.flush(now)
