@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Hashable, KeysView
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -51,9 +51,7 @@ class Deadlines(Generic[K]):
             self._by_peer[peer] = self._by_peer.get(peer, ()) + (key,)
         self._at[key] = at
         heapq.heappush(self._heap, (at, order, key))
-        if len(self._heap) > 2 * len(self._at) + 64:
-            self._heap = [(at, self._order[key], key) for key, at in self._at.items()]
-            heapq.heapify(self._heap)
+        self._compact()
 
     def pop(self, key: K) -> float | None:
         """Forget `key`; its deadline, or None if it had none."""
@@ -69,16 +67,19 @@ class Deadlines(Generic[K]):
             del self._by_peer[peer]
         return at
 
-    def of_peer(self, peer_id: int) -> list[K]:
-        """The keys of one peer, in the order they were first set."""
-        return list(self._by_peer.get(peer_id, ()))
+    def drop_peers(self, peer_ids: Iterable[int]) -> None:
+        """Forget every key of these peers (their home no longer serves them), in one pass
+        over their own keys: popped one by one, 20,000 waiting locks of a slot lost at once
+        took a step of tens of milliseconds."""
+        at, order, by_peer = self._at, self._order, self._by_peer
+        for peer in peer_ids:
+            for key in by_peer.pop(peer, ()):
+                del at[key]
+                del order[key]
+        self._compact()
 
     def has_peer(self, peer_id: int) -> bool:
         return peer_id in self._by_peer
-
-    def peers(self) -> KeysView[int]:
-        """The peers with a key set."""
-        return self._by_peer.keys()
 
     def order(self, key: K) -> int:
         """Where `key` stands among the keys set (an earlier key, a smaller number)."""
@@ -106,3 +107,9 @@ class Deadlines(Generic[K]):
                 return at
             heapq.heappop(heap)
         return math.inf
+
+    def _compact(self) -> None:
+        """Throw the stale entries out of the heap once they outnumber the keys."""
+        if len(self._heap) > 2 * len(self._at) + 64:
+            self._heap = [(at, self._order[key], key) for key, at in self._at.items()]
+            heapq.heapify(self._heap)

@@ -155,9 +155,7 @@ class Home:
         self._dirty -= gone_set
         self._gone -= gone_set
         for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend):
-            for peer_id in gone_set & deadlines.peers():
-                for key in deadlines.of_peer(peer_id):
-                    deadlines.pop(key)
+            deadlines.drop_peers(gone)
         return gone
 
     # -- the Throttle API ------------------------------------------------------------------

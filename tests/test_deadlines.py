@@ -52,12 +52,21 @@ def test_a_peers_keys_are_found_and_dropped_without_the_others():
     deadlines.set((7, "A", 1), 1.0)
     deadlines.set((8, "A", 1), 1.0)
     deadlines.set((7, "B", 2), 1.0)
-    assert deadlines.of_peer(7) == [(7, "A", 1), (7, "B", 2)]
-    assert set(deadlines.peers()) == {7, 8}
-    for key in deadlines.of_peer(7):
-        deadlines.pop(key)
-    assert not deadlines.has_peer(7) and deadlines.has_peer(8)
-    assert deadlines.due(1.0) == [(8, "A", 1)]
+    deadlines.set((9, "A", 1), 0.5)
+    deadlines.drop_peers([7, 9, 10])
+    assert not deadlines.has_peer(7) and deadlines.has_peer(8) and len(deadlines) == 1
+    assert deadlines.due(1.0) == [(8, "A", 1)] and deadlines.next_deadline() == 1.0
+
+
+def test_dropping_most_peers_leaves_a_heap_of_those_left():
+    deadlines: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0))
+    for peer in range(1000):
+        deadlines.set((peer, "A"), float(peer))
+    deadlines.drop_peers(range(990))
+    assert len(deadlines._heap) <= 2 * 10 + 64
+    assert deadlines.next_deadline() == 990.0 and deadlines.due(995.0) == [
+        (peer, "A") for peer in range(990, 996)
+    ]
 
 
 def test_renewals_do_not_grow_the_heap_without_bound():
@@ -82,4 +91,4 @@ def test_the_garbage_collector_walks_only_the_heap_of_many_deadlines():
         deadlines.set((peer, "A"), float(peer))
     more_objects, more_references = held(deadlines)
     assert more_objects - objects < 20 and more_references - references < 1.5 * 2000
-    assert deadlines.of_peer(7) == [(7, "A")]
+    assert deadlines.has_peer(7)
