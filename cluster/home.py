@@ -148,14 +148,15 @@ class Home:
                 if waiting:
                     self._tell_owner(peer_id, name, now)
 
-    def lose(self, slot: int) -> list[int]:
-        """Serve the peers of `slot` no more; their ids."""
-        gone = self.peers.drop(slot)
+    def lose(self, slots: Iterable[int]) -> list[int]:
+        """Serve the peers of `slots` no more; their ids, slot by slot. All at once: a stop
+        loses every slot in one step, and each table is passed over once, not once a slot."""
+        gone = [peer_id for slot in slots for peer_id in self.peers.drop(slot)]
         gone_set = set(gone)
         self._dirty -= gone_set
         self._gone -= gone_set
         for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend):
-            deadlines.drop_peers(gone)
+            deadlines.drop_peers(gone_set)
         return gone
 
     # -- the Throttle API ------------------------------------------------------------------

@@ -426,8 +426,11 @@ class Shard:
         self._write(now)
 
     def _slot_events(self, now: float) -> None:
+        lost: list[int] = []
         for event in self.ownership.events():
             if isinstance(event, Gained):
+                self._lose_peers(lost)  # a slot lost and gained again: the loss first
+                lost = []
                 peers = [r for r in event.records if isinstance(r, PeerRecord)]
                 semaphores = [r for r in event.records if not isinstance(r, PeerRecord)]
                 self.home.gain(peers, now)
@@ -436,12 +439,20 @@ class Shard:
                 self._changes.append(SlotGained(event.slot, event.previous, event.cold))
             elif isinstance(event, Lost):
                 slot = event.slot
-                waiting = self._parked.peers()
-                for peer_id in [p for p in self.home.lose(slot) if p in waiting]:
-                    for request in self._parked.take_peer(peer_id):
-                        self._reply(peer_id, Answer(request.request_id, NOT_YET))
+                lost.append(slot)
                 self.owner.lose(self._slot_semaphores.get(slot, []))
                 self._changes.append(SlotLost(slot, event.ballot, event.resigned))
+        self._lose_peers(lost)
+
+    def _lose_peers(self, slots: list[int]) -> None:
+        """The home serves the peers of `slots` no more; their waiting acquires are answered
+        "not yet"."""
+        if not slots:
+            return
+        waiting = self._parked.peers()
+        for peer_id in [p for p in self.home.lose(slots) if p in waiting]:
+            for request in self._parked.take_peer(peer_id):
+                self._reply(peer_id, Answer(request.request_id, NOT_YET))
 
     def _home_events(self, now: float) -> None:
         for event in self.home.events():

@@ -53,7 +53,7 @@ def test_a_peers_keys_are_found_and_dropped_without_the_others():
     deadlines.set((8, "A", 1), 1.0)
     deadlines.set((7, "B", 2), 1.0)
     deadlines.set((9, "A", 1), 0.5)
-    deadlines.drop_peers([7, 9, 10])
+    deadlines.drop_peers({7, 9, 10})
     assert not deadlines.has_peer(7) and deadlines.has_peer(8) and len(deadlines) == 1
     assert deadlines.due(1.0) == [(8, "A", 1)] and deadlines.next_deadline() == 1.0
 
@@ -62,11 +62,15 @@ def test_dropping_most_peers_leaves_a_heap_of_those_left():
     deadlines: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0))
     for peer in range(1000):
         deadlines.set((peer, "A"), float(peer))
-    deadlines.drop_peers(range(990))
+    deadlines.drop_peers(set(range(990)))
     assert len(deadlines._heap) <= 2 * 10 + 64
     assert deadlines.next_deadline() == 990.0 and deadlines.due(995.0) == [
         (peer, "A") for peer in range(990, 996)
     ]
+    deadlines.drop_peers(set(range(2000)))
+    assert len(deadlines) == 0 and deadlines.next_deadline() == float("inf")
+    deadlines.set((5, "A"), 1.0)
+    assert deadlines.due(1.0) == [(5, "A")] and deadlines.has_peer(5)
 
 
 def test_renewals_do_not_grow_the_heap_without_bound():
