@@ -47,6 +47,9 @@ ACK_DELAY = 0.05
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 5.0
 OUTBOX_LIMIT = 100_000
+# A link with messages to deliver whose other end has acknowledged none of them for this long
+# is stalled (`Link.stalled_since`).
+STALL_AFTER = 0.5
 # Close code for a link whose other end does not know the secret (4000-4999: private use).
 CLOSE_UNAUTHORIZED = 4401
 
@@ -238,6 +241,9 @@ class Link:
         # How many of the remote life's messages this node has received (and handed on).
         self._received = 0
         self._acknowledged = True
+        # When the other end last took a message (or the outbox last filled from empty);
+        # None while there is nothing to deliver.
+        self._waiting_since: float | None = None
         self.dropped = 0
         self.stale = 0
         self.frames_sent = 0
@@ -257,8 +263,23 @@ class Link:
         """Nothing queued and nothing being sent (sent messages may await acknowledgement)."""
         return self._unsent == self._first + len(self._outbox) and not self._sending
 
-    def send(self, message: object, generation: int | None = None) -> None:
-        """Queue a message; it leaves with the next frame, or when the link is up again.
+    def stalled_since(self) -> float | None:
+        """When this link last made progress, if it has had messages to deliver since then and
+        none acknowledged for `STALL_AFTER` seconds; else None. A healthy other end
+        acknowledges within `ACK_DELAY` and a round trip; a stalled one is clogged, frozen or
+        far behind."""
+        since = self._waiting_since
+        if since is None or self._clock.now() - since < STALL_AFTER:
+            return None
+        return since
+
+    def acknowledged(self, number: int) -> bool:
+        """Has the other end taken message `number` (as `send` numbered it)?"""
+        return number < self._first
+
+    def send(self, message: object, generation: int | None = None) -> int:
+        """Queue a message, and return its number; it leaves with the next frame, or when the
+        link is up again.
 
         A message meant for one life of the remote node (`generation`) is dropped if the link
         comes up to another: what a node said to a member that has since restarted (a hand-off
@@ -270,8 +291,11 @@ class Link:
             self._first += 1
             self._unsent = max(self._unsent, self._first)
             self.dropped += 1
+        if self._waiting_since is None:
+            self._waiting_since = self._clock.now()
         self._outbox.append((generation, message))
         self._wake.set()
+        return self._first + len(self._outbox) - 1
 
     async def carry(self, conn: MessageConnection, generation: int, preferred: bool = True) -> None:
         """Send and receive over `conn`, to the remote node's life `generation`, until it
@@ -383,8 +407,6 @@ class Link:
             self._acknowledge(header.received)
             if not messages:
                 continue
-            self._acknowledged = False
-            self._wake.set()
             # Messages before `_received` arrived over an earlier connection. A gap (the other
             # end dropped its oldest messages while the link was down) is accepted.
             self._received = max(self._received, header.first)
@@ -394,13 +416,20 @@ class Link:
                     # the count must say exactly which arrived.
                     await self._deliver(self.remote_id, [message])
                 self._received += 1
+            # Acknowledged once handed on: a frame that went out while they were being handed
+            # on carried an older count, and the other end would take the link for stalled.
+            self._acknowledged = False
+            self._wake.set()
 
     def _acknowledge(self, received: int) -> None:
         """The other end has received the first `received` messages: forget them."""
+        if self._first >= received or not self._outbox:
+            return
         while self._first < received and self._outbox:
             self._outbox.popleft()
             self._first += 1
         self._unsent = max(self._unsent, self._first)
+        self._waiting_since = self._clock.now() if self._outbox else None
 
 
 # What dialing and the handshake can fail with; anything else is a bug and propagates.
@@ -461,9 +490,14 @@ class Links:
             )
         return link
 
-    def send(self, remote_id: str, message: object, generation: int | None = None) -> None:
-        """Send `message` to `remote_id`, or only to its life `generation` if one is given."""
-        self.link(remote_id).send(message, generation)
+    def send(self, remote_id: str, message: object, generation: int | None = None) -> int:
+        """Send `message` to `remote_id`, or only to its life `generation` if one is given;
+        its number on that link."""
+        return self.link(remote_id).send(message, generation)
+
+    def find(self, remote_id: str) -> Link | None:
+        """The link to `remote_id`, if this node ever had one."""
+        return self._links.get(remote_id)
 
     def dials(self, remote_id: str) -> bool:
         """Of each pair, the node with the smaller id dials, so a pair has one connection."""

@@ -25,13 +25,19 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from .clock import TRIO_CLOCK, Clock
-from .links import Links
+from .links import STALL_AFTER, Link, Links
 
 log = logging.getLogger("sluicegate.rpc")
 
 
 class Unavailable(Exception):
     """No node can serve this request right now (HTTP 503); trying again later may work."""
+
+
+class Unreachable(Unavailable):
+    """This node cannot reach the one that serves the request, though others may: there is no
+    link to it, or the link is stalled while others still hear from it. The client had better
+    ask elsewhere."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ _ERRORS: dict[str, type[Exception]] = {
         errors.UnknownLimiter,
         errors.InvalidWeight,
         Unavailable,
+        Unreachable,
     )
 }
 
@@ -83,22 +90,48 @@ class _Slot:
 
 
 class Rpc:
-    def __init__(self, links: Links, clock: Clock = TRIO_CLOCK) -> None:
-        """`clock` times the calls' timeouts, in the node's time."""
+    def __init__(
+        self,
+        links: Links,
+        clock: Clock = TRIO_CLOCK,
+        heard_of: Callable[[str], float | None] = lambda node_id: None,
+    ) -> None:
+        """`clock` times the calls' timeouts, in the node's time; `heard_of(node_id)` is when
+        this node last had news of that node's life from anyone (its gossip heartbeat
+        advanced), or None."""
         self._links = links
         self._clock = clock
+        self._heard_of = heard_of
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Slot] = {}
 
     async def call(self, node_id: str, op: Operation | RateOperation, timeout: float) -> object:
-        """Run `op` on node `node_id`; its result, its domain error, or `Unavailable`."""
-        if not self._links.status().get(node_id):
-            raise Unavailable(f"no link to {node_id}")
+        """Run `op` on node `node_id`; its result, its domain error, or `Unavailable`.
+
+        `Unreachable` at once if there is no link, or if the link is stalled while others still
+        hear from `node_id`: a clog between the two, which waiting out `timeout` would only make
+        the client wait out too. A stalled link to a node nobody hears from is waited on: that
+        node is counted down soon (`link_down` ends the wait) and its slots move on."""
+        link = self._links.find(node_id)
+        if link is None or not link.connected:
+            raise Unreachable(f"no link to {node_id}")
+        if self._cut_off(node_id, link):
+            raise Unreachable(f"the link to {node_id} is stalled, while others hear from it")
         call_id = next(self._ids)
         slot = self._waiting[call_id] = _Slot(node_id)
         try:
-            self._links.send(node_id, Call(call_id, op))
+            number = link.send(Call(call_id, op))
             with self._clock.move_on_after(timeout):
+                while not link.acknowledged(number):
+                    with self._clock.move_on_after(STALL_AFTER):
+                        await slot.done.wait()
+                    if slot.done.is_set():
+                        break
+                    if self._cut_off(node_id, link):
+                        raise Unreachable(
+                            f"the link to {node_id} stalled before it took the call, "
+                            "while others hear from it"
+                        )
                 await slot.done.wait()
         finally:
             del self._waiting[call_id]
@@ -110,6 +143,13 @@ class Rpc:
         if isinstance(message, Reply):
             return message.result
         raise _ERRORS[message.error](*message.args)
+
+    def _cut_off(self, node_id: str, link: Link) -> bool:
+        """Is `link` stalled, with news of `node_id` since it last made progress? News came
+        from others, then: `node_id` lives, and only this link fails it."""
+        since = link.stalled_since()
+        heard = self._heard_of(node_id)
+        return since is not None and heard is not None and heard > since
 
     def link_down(self, node_id: str) -> None:
         """The link to `node_id` broke, or the node is counted down (a node that is frozen,

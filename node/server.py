@@ -259,7 +259,6 @@ async def join_cluster(
         on_link_down=lambda remote_id: rpc.link_down(remote_id),
         clock=clock,
     )
-    rpc = Rpc(links, clock=clock)
     membership = Membership(
         node_id,
         address,
@@ -268,6 +267,7 @@ async def join_cluster(
         down_after=cluster.down_after,
         definitions=definitions_digest(config),
     )
+    rpc = Rpc(links, clock=clock, heard_of=membership.last_advanced)
     membership_actor = MembershipActor(
         membership,
         links,

@@ -38,7 +38,7 @@ from . import ws_protocol as protocol
 from .latencies import Latencies
 from .links import MessageConnection
 from .rate_limit_service import RateLimitService
-from .rpc import Unavailable
+from .rpc import Unavailable, Unreachable
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 
 log = logging.getLogger("sluicegate.ws")
@@ -311,9 +311,10 @@ class WsConnection:
             self._peers.pop(peer_id, None)
 
     def _refusal(self, request_id: int, failure: Exception) -> dict:
-        """The error answer; a 503 says how long to keep asking here (docs/protocol.md)."""
+        """The error answer; a 503 says how long to keep asking here (docs/protocol.md), unless
+        this node cannot reach the one that serves the request."""
         answer = protocol.domain_error(request_id, failure)
-        if answer["error"] == "unavailable":
+        if answer["error"] == "unavailable" and not isinstance(failure, Unreachable):
             retry_here_for = self._semaphores.retry_here_for()
             if retry_here_for:
                 answer["retry_here_for"] = retry_here_for

@@ -179,11 +179,12 @@ class SimNode:
             if "send" not in vars(link):
                 send = link.send
 
-                def send_twice(message: object, generation: int | None = None) -> None:
-                    send(message, generation)
+                def send_twice(message: object, generation: int | None = None) -> int:
+                    number = send(message, generation)
                     if network.duplicating and isinstance(message, REPEATABLE):
                         network.duplicated += 1
                         send(message, generation)
+                    return number
 
                 link.send = send_twice
             return link

@@ -26,8 +26,8 @@ from sluicegate.cluster.semaphore_ops import (
 )
 from sluicegate.cluster.slots import Ballot
 from sluicegate.node.link_codec import LINK_CODEC
-from sluicegate.node.links import Links
-from sluicegate.node.rpc import Call, Failure, Reply, Rpc, Unavailable
+from sluicegate.node.links import STALL_AFTER, Links
+from sluicegate.node.rpc import Call, Failure, Reply, Rpc, Unavailable, Unreachable
 
 
 class Pair:
@@ -39,6 +39,10 @@ class Pair:
         self.rpcs: dict[str, Rpc] = {}
         self.nodes: dict[str, Links] = {}
         self.streams: list[trio.testing.MemorySendStream] = []
+        # Set to hold what arrives at each node, as a clogged link or a frozen node would.
+        self.holding: trio.Event | None = None
+        # When each node last had news of the other's life, as gossip would tell it.
+        self.heard_of: dict[str, float] = {}
         for name in ("a", "b"):
             self.nodes[name] = Links(
                 name,
@@ -50,10 +54,12 @@ class Pair:
                 1,
                 on_link_down=lambda remote_id, name=name: self.rpcs[name].link_down(remote_id),
             )
-            self.rpcs[name] = Rpc(self.nodes[name])
+            self.rpcs[name] = Rpc(self.nodes[name], heard_of=self.heard_of.get)
 
     def _deliver(self, name: str):
         async def deliver(remote_id: str, messages: list[object]) -> None:
+            if self.holding is not None:
+                await self.holding.wait()
             for message in messages:
                 if isinstance(message, Call):
                     self.nursery.start_soon(self.rpcs[name].serve, remote_id, message, self.handler)
@@ -170,3 +176,63 @@ async def test_a_broken_link_fails_the_calls_waiting_on_it_at_once(autojump_cloc
     with pytest.raises(Unavailable, match="broke"):
         await pair.rpcs["a"].call("b", Remainder("A"), timeout=60)
     assert trio.current_time() - started < 2
+
+
+async def test_a_call_over_a_link_stalled_to_a_node_others_hear_from_is_unreachable(
+    autojump_clock, pair
+):
+    async def slow(op):
+        await trio.sleep(3)
+        return 7
+
+    pair.handler = slow
+    rpc = pair.rpcs["a"]
+    # Taken in time, a call waits for its answer however long the other node works on it.
+    started = trio.current_time()
+    assert await rpc.call("b", Remainder("A"), timeout=60) == 7
+    assert trio.current_time() - started == pytest.approx(3, abs=0.1)
+
+    pair.holding = trio.Event()
+    started = trio.current_time()
+
+    async def others_hear_of_b() -> None:
+        await trio.sleep(2)
+        pair.heard_of["b"] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(others_hear_of_b)
+        # As long as nobody hears from b, it may be frozen: wait (it is counted down soon).
+        # Once others do, only this link fails it: give up, so the client asks elsewhere.
+        with pytest.raises(Unreachable, match="stalled before it took the call"):
+            await rpc.call("b", Remainder("A"), timeout=60)
+    assert trio.current_time() - started == pytest.approx(2 + STALL_AFTER, abs=STALL_AFTER)
+    # The next call is refused at once.
+    started = trio.current_time()
+    with pytest.raises(Unreachable, match="is stalled, while others hear from it"):
+        await rpc.call("b", Remainder("A"), timeout=60)
+    assert trio.current_time() == started
+
+    pair.holding.set()
+    pair.holding = None
+    await trio.sleep(1)  # the held call arrives, is answered, and its late answer dropped
+    assert await rpc.call("b", Remainder("A"), timeout=60) == 7
+
+
+async def test_a_call_over_a_link_stalled_to_a_silent_node_waits(autojump_clock, pair):
+    async def answer(op):
+        return 7
+
+    pair.handler = answer
+    pair.holding = trio.Event()
+    pair.heard_of["b"] = trio.current_time()  # news from before the stall: b may be frozen
+    started = trio.current_time()
+    with pytest.raises(Unavailable, match="did not answer within 5 s") as refused:
+        await pair.rpcs["a"].call("b", Remainder("A"), timeout=5)
+    assert not isinstance(refused.value, Unreachable)
+    assert trio.current_time() - started == pytest.approx(5)
+    pair.holding.set()
+
+
+async def test_a_call_to_a_node_without_a_link_is_unreachable(autojump_clock, pair):
+    with pytest.raises(Unreachable, match="no link to nobody"):
+        await pair.rpcs["a"].call("nobody", Remainder("A"), timeout=5)

@@ -17,7 +17,7 @@ PASSING = [seed for seed in range(SEEDS) if seed not in OPEN]
 
 # Each planted bug: the seed that catches it, and what the checker that is to catch it says.
 CAUGHT = {
-    "lease-overrun": (0, r"\[max\] [\d.]+: B held \d+ > max 3"),
+    "lease-overrun": (3, r"\[max\] [\d.]+: A held \d+ > max 1"),
     "tokens-restart-on-takeover": (1, r"\[tokens\] [\d.]+: token \d+ on A"),
     "adopt-any-copy": (2, r"\[tokens\] [\d.]+: token \d+ on A"),
     "expiry-early": (39, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
