@@ -20,6 +20,11 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
+# Stale heap entries thrown out in one call at most. Keys set again all at once (20,000 acquires
+# queued within a second, each first due a retry later) leave as many stale entries, which
+# surface together: thrown out in one step, they stalled a node 29 ms.
+STALE_CHUNK = 1000
+
 
 class Deadlines(Generic[K]):
     def __init__(self, peer_of: Callable[[K], int]) -> None:
@@ -91,25 +96,34 @@ class Deadlines(Generic[K]):
     def due(self, now: float, most: int | None = None) -> list[K]:
         """The keys whose deadline is at or before `now`, in the order they were first set;
         `most` of them at most, those with the earliest deadlines. They stay set: the caller
-        sets them again or pops them."""
-        heap, found = self._heap, {}
+        sets them again or pops them. At most `STALE_CHUNK` stale entries are thrown out on the
+        way: `next_deadline` says when to look again."""
+        heap, found, stale = self._heap, {}, 0
         while heap and heap[0][0] <= now and (most is None or len(found) < most):
             entry = heapq.heappop(heap)
             at, order, key = entry
             if self._at.get(key) == at and self._order[key] == order:
                 found[key] = entry
+            else:
+                stale += 1
+                if stale == STALE_CHUNK:
+                    break
         for entry in found.values():
             heapq.heappush(heap, entry)
         return sorted(found, key=self._order.__getitem__)
 
     def next_deadline(self) -> float:
+        """The earliest deadline; or, once `STALE_CHUNK` stale entries were thrown out, the
+        next entry's, which is no later (the caller looks again then, and throws out more)."""
         heap = self._heap
-        while heap:
+        for _ in range(STALE_CHUNK):
+            if not heap:
+                return math.inf
             at, order, key = heap[0]
             if self._at.get(key) == at and self._order[key] == order:
                 return at
             heapq.heappop(heap)
-        return math.inf
+        return heap[0][0] if heap else math.inf
 
     def _compact(self) -> None:
         """Throw the stale entries out of the heap once they outnumber the keys."""

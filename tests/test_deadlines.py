@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from sluicegate.cluster.deadlines import Deadlines
+from sluicegate.cluster.deadlines import STALE_CHUNK, Deadlines
 
 from .collector import held
 
@@ -96,3 +96,25 @@ def test_the_garbage_collector_walks_only_the_heap_of_many_deadlines():
     more_objects, more_references = held(deadlines)
     assert more_objects - objects < 20 and more_references - references < 1.5 * 2000
     assert deadlines.has_peer(7)
+
+
+def test_stale_entries_are_thrown_out_a_chunk_a_call():
+    """Keys all set again to a later deadline leave as many stale entries at the front of the
+    heap: each call throws out `STALE_CHUNK` of them at most, and says no later a deadline
+    than the true one until they are gone."""
+    deadlines: Deadlines[int] = Deadlines(int)
+    keys = 3 * STALE_CHUNK
+    for key in range(keys):
+        deadlines.set(key, 1.0)
+    for key in range(keys):
+        deadlines.set(key, 5.0)
+    heap = len(deadlines._heap)
+    first = deadlines.next_deadline()
+    assert first <= 5.0
+    assert heap - len(deadlines._heap) <= STALE_CHUNK
+    assert deadlines.due(4.0) == []
+    calls = 1
+    while deadlines.next_deadline() < 5.0:
+        calls += 1
+    assert deadlines.next_deadline() == 5.0 and calls <= 3
+    assert deadlines.due(5.0) == list(range(keys))
