@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from .deadlines import Deadlines
+from .graveyard import Graveyard
 from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
     Audit,
@@ -113,21 +114,24 @@ class Home:
         owner_of: Callable[[str], str | None],
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
+        # What a lost slot's peers leave behind, freed a chunk a step (`Shard`).
+        self.graveyard = graveyard = Graveyard()
         self.peers = PeerTable(
             semaphores,
             limits.peers,
             limits.restore_count,
             lambda peer_id: slot_of(peer_key(peer_id)),
+            graveyard,
         )
         self._owner_of = owner_of
         # Locks to tell their owners about again: (peer, semaphore) -> when.
-        self._due: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0))
+        self._due: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0), graveyard)
         # Peers whose acquire waits for the owner's first answer: peer -> until when.
-        self._deciding: Deadlines[int] = Deadlines(int)
+        self._deciding: Deadlines[int] = Deadlines(int, graveyard)
         # Releases not confirmed yet: (peer, semaphore, ticket) -> until when to wait, and when
         # to send them again.
-        self._unconfirmed: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0))
-        self._resend: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0))
+        self._unconfirmed: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0), graveyard)
+        self._resend: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0), graveyard)
         # Changed or gone since the last `changed()`: to be written.
         self._dirty: set[int] = set()
         self._gone: set[int] = set()
@@ -151,7 +155,7 @@ class Home:
     def lose(self, slots: Iterable[int]) -> list[int]:
         """Serve the peers of `slots` no more; their ids, slot by slot. All at once: a stop
         loses every slot in one step, and each table is passed over once, not once a slot."""
-        gone = [peer_id for slot in slots for peer_id in self.peers.drop(slot)]
+        gone = self.peers.drop(slots)
         gone_set = set(gone)
         self._dirty -= gone_set
         self._gone -= gone_set

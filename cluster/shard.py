@@ -273,6 +273,8 @@ class Shard:
         return changes
 
     def next_deadline(self) -> float:
+        if self.home.graveyard:
+            return -math.inf  # more to free: step again at once
         deadlines = [
             self.ownership.next_deadline(),
             self.home.next_deadline(),
@@ -409,6 +411,7 @@ class Shard:
             self._hold(now)
             self._release()
             if not self._local:
+                self.home.graveyard.free()
                 return
             local, self._local = self._local, []
             for message in local:
@@ -449,8 +452,11 @@ class Shard:
         "not yet"."""
         if not slots:
             return
+        gone = self.home.lose(slots)
         waiting = self._parked.peers()
-        for peer_id in [p for p in self.home.lose(slots) if p in waiting]:
+        if not waiting:
+            return
+        for peer_id in [p for p in gone if p in waiting]:
             for request in self._parked.take_peer(peer_id):
                 self._reply(peer_id, Answer(request.request_id, NOT_YET))
 
