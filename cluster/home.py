@@ -107,6 +107,11 @@ def _slot_of_peer(peer_id: int) -> int:
     return slot_of(peer_key(peer_id))
 
 
+def _without(kept: set[int], gone: set[int]) -> set[int]:
+    """`kept - gone`, passing over the smaller of the two (`-=` passes over `gone`)."""
+    return {p for p in kept if p not in gone} if len(kept) < len(gone) else kept - gone
+
+
 class Home:
     def __init__(
         self,
@@ -156,11 +161,17 @@ class Home:
         """Serve the peers of `slots` no more; their ids, slot by slot. All at once: a stop
         loses every slot in one step, and each table is passed over once, not once a slot."""
         gone = self.peers.drop(slots)
-        gone_set = set(gone)
-        self._dirty -= gone_set
-        self._gone -= gone_set
-        for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend):
-            deadlines.drop_peers(gone_set)
+        timers = [
+            deadlines
+            for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend)
+            if deadlines
+        ]
+        if gone and (timers or self._dirty or self._gone):
+            gone_set = set(gone)
+            self._dirty = _without(self._dirty, gone_set)
+            self._gone = _without(self._gone, gone_set)
+            for deadlines in timers:
+                deadlines.drop_peers(gone_set)
         return gone
 
     # -- the Throttle API ------------------------------------------------------------------
