@@ -144,7 +144,7 @@ def test_seeds_make_deep_found_pass_as_it_runs_them(tmp_path):
         seeds = [int(seed) for seed, of in rows if of == nodes]
         some = tmp_path / f"deep-{nodes}.txt"
         some.write_text("".join(f"{seed}\n" for seed in seeds))
-        args = ("--seeds-from", str(some), "--nodes", nodes, "--with", "skew,freeze")
+        args = ("--seeds-from", str(some), "--nodes", nodes, "--with", "skew,freeze", "--jobs", "2")
         done = simulate(*args, "--availability", "--hashes", timeout=600)
         assert len(hashes(done.stdout)) == len(seeds)
         assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
