@@ -244,6 +244,8 @@ class Link:
         # When the other end last took a message (or the outbox last filled from empty);
         # None while there is nothing to deliver.
         self._waiting_since: float | None = None
+        # When the last connection ended, while no other carries the link.
+        self.down_since: float | None = None
         self.dropped = 0
         self.stale = 0
         self.frames_sent = 0
@@ -315,6 +317,7 @@ class Link:
         carried = self._carried = trio.Event()
         with trio.CancelScope() as scope:
             self._carrier = scope
+            self.down_since = None
             self._carrier_preferred = preferred
             if replaced is not None:
                 replaced.cancel()
@@ -343,6 +346,7 @@ class Link:
                 if self._carrier is scope:
                     # No newer connection took over: the link is down until one does.
                     self._carrier = None
+                    self.down_since = self._clock.now()
                     self._on_down(self.remote_id)
 
     async def _send_loop(self, conn: MessageConnection, stop: trio.CancelScope) -> None:

@@ -108,15 +108,19 @@ class Rpc:
     async def call(self, node_id: str, op: Operation | RateOperation, timeout: float) -> object:
         """Run `op` on node `node_id`; its result, its domain error, or `Unavailable`.
 
-        `Unreachable` at once if there is no link, or if the link is stalled while others still
-        hear from `node_id`: a clog between the two, which waiting out `timeout` would only make
-        the client wait out too. A stalled link to a node nobody hears from is waited on: that
+        `Unreachable` at once if the link is down or stalled while others still hear from
+        `node_id`: a fault between the two, which waiting out `timeout` would only make the
+        client wait out too. Down or stalled to a node nobody hears from, it may be that node's
+        fault: `Unavailable` at once if the link is down, and a stalled one is waited on; that
         node is counted down soon (`link_down` ends the wait) and its slots move on."""
         link = self._links.find(node_id)
-        if link is None or not link.connected:
-            raise Unreachable(f"no link to {node_id}")
+        if link is None:
+            raise Unavailable(f"no link to {node_id}")
         if self._cut_off(node_id, link):
-            raise Unreachable(f"the link to {node_id} is stalled, while others hear from it")
+            state = "stalled" if link.connected else "down"
+            raise Unreachable(f"the link to {node_id} is {state}, while others hear from it")
+        if not link.connected:
+            raise Unavailable(f"no link to {node_id}")
         call_id = next(self._ids)
         slot = self._waiting[call_id] = _Slot(node_id)
         try:
@@ -145,9 +149,9 @@ class Rpc:
         raise _ERRORS[message.error](*message.args)
 
     def _cut_off(self, node_id: str, link: Link) -> bool:
-        """Is `link` stalled, with news of `node_id` since it last made progress? News came
-        from others, then: `node_id` lives, and only this link fails it."""
-        since = link.stalled_since()
+        """Is `link` down or stalled, with news of `node_id` since it went down or last made
+        progress? News came from others, then: `node_id` lives, and only this link fails it."""
+        since = link.stalled_since() if link.connected else link.down_since
         heard = self._heard_of(node_id)
         return since is not None and heard is not None and heard > since
 

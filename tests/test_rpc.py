@@ -233,6 +233,27 @@ async def test_a_call_over_a_link_stalled_to_a_silent_node_waits(autojump_clock,
     pair.holding.set()
 
 
-async def test_a_call_to_a_node_without_a_link_is_unreachable(autojump_clock, pair):
-    with pytest.raises(Unreachable, match="no link to nobody"):
-        await pair.rpcs["a"].call("nobody", Remainder("A"), timeout=5)
+async def test_a_call_over_a_link_down_is_unreachable_only_if_others_hear_from_the_node(
+    autojump_clock, pair
+):
+    async def answer(op):
+        return 7
+
+    pair.handler = answer
+    rpc = pair.rpcs["a"]
+    with pytest.raises(Unavailable, match="no link to nobody") as refused:
+        await rpc.call("nobody", Remainder("A"), timeout=5)
+    assert not isinstance(refused.value, Unreachable)
+    await pair.streams[-1].aclose()  # the link breaks, and redials after a backoff
+    while pair.nodes["a"].find("b").connected:
+        await trio.sleep(0.001)
+    pair.heard_of["b"] = trio.current_time() - 1  # news from before it broke: b may be dead
+    with pytest.raises(Unavailable, match="no link to b") as refused:
+        await rpc.call("b", Remainder("A"), timeout=5)
+    assert not isinstance(refused.value, Unreachable)
+    pair.heard_of["b"] = trio.current_time() + 0.01  # news since, through others
+    await trio.sleep(0.01)
+    with pytest.raises(Unreachable, match="the link to b is down, while others hear from it"):
+        await rpc.call("b", Remainder("A"), timeout=5)
+    await trio.sleep(1)  # redialled
+    assert await rpc.call("b", Remainder("A"), timeout=5) == 7
