@@ -23,7 +23,7 @@ CAUGHT = {
     "expiry-early": (39, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (11, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
     "fifo-skipped-for-small-counts": (0, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
-    "duplicated-grant-on-retry": (8, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
+    "duplicated-grant-on-retry": (2, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
     "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
 }
 
