@@ -299,3 +299,11 @@ def test_the_statefulsets_settings_make_a_cluster(tmp_path):
                     process.wait(10)
                 except subprocess.TimeoutExpired:
                     process.kill()
+
+
+def test_the_installed_packages_say_their_annotations_are_theirs(tmp_path):
+    """PEP 561: a type checker reads the annotations of an installed package only if it carries
+    `py.typed`; in a namespace package, each package of it does."""
+    site = install_as_the_image_does(tmp_path)
+    for package in ("client", "cluster", "node"):
+        assert (site / "sluicegate" / package / "py.typed").is_file(), package
