@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[node,test]'
 	touch $@
 
 run: $(INSTALLED)

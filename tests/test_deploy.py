@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -307,3 +308,31 @@ def test_the_installed_packages_say_their_annotations_are_theirs(tmp_path):
     site = install_as_the_image_does(tmp_path)
     for package in ("client", "cluster", "node"):
         assert (site / "sluicegate" / package / "py.typed").is_file(), package
+
+
+# The `node` extra's distributions, and the module each is imported as.
+NODE_MODULES = {
+    "trio-websocket": "trio_websocket",
+    "hypercorn": "hypercorn",
+    "prometheus-client": "prometheus_client",
+    "dnspython": "dns",
+    "h11": "h11",
+}
+
+
+def test_the_client_needs_nothing_of_the_nodes_stack():
+    """`pip install sluicegate` is the client: trio and msgpack. The node's dependencies are the
+    `node` extra, and the client imports none of them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[ ]", requirement)[0] for requirement in requirements}
+
+    assert names(project["dependencies"]) == {"trio", "msgpack"}
+    assert names(project["optional-dependencies"]["node"]) == set(NODE_MODULES)
+    loaded = "import sys, sluicegate.client; print(*{m.split('.')[0] for m in sys.modules})"
+    imported = subprocess.run(
+        [sys.executable, "-c", loaded], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    assert "trio" in imported
+    assert not set(NODE_MODULES.values()) & set(imported)
