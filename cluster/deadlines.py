@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Hashable, Set
 from typing import Generic, TypeVar
 
-from .graveyard import Graveyard
+from .graveyard import FREED_AT_ONCE, Graveyard
 
 K = TypeVar("K", bound=Hashable)
 
@@ -29,9 +29,9 @@ STALE_CHUNK = 1000
 
 
 class Deadlines(Generic[K]):
-    def __init__(self, peer_of: Callable[[K], int], graveyard: Graveyard | None = None) -> None:
+    def __init__(self, peer_of: Callable[[K], int], graveyard: Graveyard = FREED_AT_ONCE) -> None:
         """`peer_of(key)`: the peer a key belongs to; `graveyard`: where what is dropped in bulk
-        waits to be freed (none: freed at once)."""
+        waits to be freed (by default, freed at once)."""
         self._graveyard = graveyard
         self._at: dict[K, float] = {}
         # When each key was first set (kept while it is set again): the order `due` gives.
@@ -83,7 +83,7 @@ class Deadlines(Generic[K]):
         took a step of tens of milliseconds. All of them (a stop): the tables start afresh."""
         at, order, by_peer = self._at, self._order, self._by_peer
         if len(peer_ids) >= len(by_peer) and all(peer in peer_ids for peer in by_peer):
-            self._bury(at, order, by_peer, self._heap)
+            self._graveyard.bury(at, order, by_peer, self._heap)
             self._at, self._order, self._by_peer, self._heap = {}, {}, {}, []
             return
         dropped = []
@@ -93,7 +93,7 @@ class Deadlines(Generic[K]):
                 del at[key]
                 del order[key]
             dropped.append(keys)
-        self._bury(dropped)
+        self._graveyard.bury(dropped)
         self._compact()
 
     def has_peer(self, peer_id: int) -> bool:
@@ -138,11 +138,6 @@ class Deadlines(Generic[K]):
     def _compact(self) -> None:
         """Throw the stale entries out of the heap once they outnumber the keys."""
         if len(self._heap) > 2 * len(self._at) + 64:
-            self._bury(self._heap)
+            self._graveyard.bury(self._heap)
             self._heap = [(at, self._order[key], key) for key, at in self._at.items()]
             heapq.heapify(self._heap)
-
-    def _bury(self, *remains: dict | list) -> None:
-        if self._graveyard is not None:
-            for each in remains:
-                self._graveyard.bury(each)

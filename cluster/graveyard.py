@@ -22,10 +22,9 @@ class Graveyard:
         """Is anything left to free?"""
         return bool(self._graves)
 
-    def bury(self, remains: dict | list | None) -> None:
-        """Keep `remains` (no one else refers to it any more) until `free` frees it."""
-        if remains:
-            self._graves.append(remains)
+    def bury(self, *remains: dict | list) -> None:
+        """Keep each of `remains` (no one else refers to them any more) until `free` frees it."""
+        self._graves.extend(each for each in remains if each)
 
     def free(self, most: int = FREE_CHUNK) -> None:
         """Free up to `most` entries of what is buried, the last buried first."""
@@ -41,3 +40,13 @@ class Graveyard:
             most -= count
             if not grave:
                 graves.pop()
+
+
+class FreedAtOnce(Graveyard):
+    """No graveyard: what is let go of is freed at once (a table nobody steps through `free`)."""
+
+    def bury(self, *remains: dict | list) -> None:
+        pass
+
+
+FREED_AT_ONCE = FreedAtOnce()

@@ -35,7 +35,7 @@ from .errors import (
     UnknownPeer,
     UnknownSemaphore,
 )
-from .graveyard import Graveyard
+from .graveyard import FREED_AT_ONCE, Graveyard
 from .semaphore_leases import SemaphoreConfig
 from .slots import STRETCH
 
@@ -144,13 +144,13 @@ class PeerTable:
         most: int = 100_000,
         restore_count: int = 1_000_000,
         group_of: Callable[[int], int] | None = None,
-        graveyard: Graveyard | None = None,
+        graveyard: Graveyard = FREED_AT_ONCE,
     ) -> None:
         """`most`: the most peers `new_peer` and `restore` bring the table to (peers a slot
         brings along when this node takes it over are never refused); `restore_count`: the
         largest count a restore may claim for one lock; `group_of`: a peer id's group (a
         cluster home's: its slot), to drop a group's peers without looking at the others;
-        `graveyard`: where dropped peers wait to be freed (none: freed at once)."""
+        `graveyard`: where dropped peers wait to be freed (by default, freed at once)."""
         self._graveyard = graveyard
         self._config = dict(semaphores)
         self._most = most
@@ -425,19 +425,14 @@ class PeerTable:
         groups = list(groups)
         gone = [peer_id for group in groups for peer_id in self._groups.get(group, ())]
         if gone and len(gone) == len(self._peers):
-            self._bury(self._peers, self._expiry, self._groups)
+            self._graveyard.bury(self._peers, self._expiry, self._groups)
             self._peers, self._expiry, self._groups = {}, [], {}
             return gone
         for group in groups:
             self._groups.pop(group, None)
         pop = self._peers.pop
-        self._bury([pop(peer_id) for peer_id in gone])
+        self._graveyard.bury([pop(peer_id) for peer_id in gone])
         return gone
-
-    def _bury(self, *remains: dict | list) -> None:
-        if self._graveyard is not None:
-            for each in remains:
-                self._graveyard.bury(each)
 
     # -- time --------------------------------------------------------------------------------
 
@@ -522,7 +517,7 @@ class PeerTable:
         # once they outnumber the peers (popping the 100,000 entries of the peers a node handed
         # on at SIGTERM took 0.1 s in one step).
         if len(self._expiry) > 2 * len(self._peers) + 64:
-            self._bury(self._expiry)
+            self._graveyard.bury(self._expiry)
             self._expiry = [(peer[EXPIRES_AT], peer_id) for peer_id, peer in self._peers.items()]
             heapq.heapify(self._expiry)
 
