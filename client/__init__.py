@@ -1,5 +1,8 @@
 """The sluicegate Python client: `connect` for the async (trio) API (locks and rate limits),
-`lock` and `BlockingClient` for threads and scripts."""
+`lock` and `BlockingClient` for threads and scripts. It logs failovers, restores and lost
+leases to the logger `sluicegate.client`."""
+
+import logging
 
 from .blocking import BlockingClient, lock
 from .client import Client, Lease, connect
@@ -17,6 +20,9 @@ from .session import (
     UnknownPeer,
     UnknownSemaphore,
 )
+
+# Silent unless the application configures logging.
+logging.getLogger("sluicegate.client").addHandler(logging.NullHandler())
 
 __all__ = [
     "BlockingClient",

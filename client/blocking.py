@@ -1,90 +1,152 @@
-"""The blocking API, shaped like throttle-client's, for threads, scripts and asyncio code (via
-threads):
+"""The blocking API, shaped like throttle-client's, for threads and scripts:
 
     from sluicegate.client import lock
     with lock("ws://host:8000", "A", count=4, timeout=10) as lease:
         ...  # lease.fencing_token
 
 Each `BlockingClient` runs the async client in a trio loop of its own, on a daemon thread; calls
-from any thread go there and wait for the answer. Every thread's outermost lock takes a peer,
-and its nested locks share it, as tasks do in the async API. `lock(url, ...)` uses one client
-per set of URLs, started on first use.
+from any thread go there and wait for the answer. The outermost lock of each context (a thread,
+an asyncio task: whatever has a `contextvars` context of its own) takes a peer, and the locks
+nested in it share that peer, as tasks do in the async API. `lock(url, ...)` and `lock` used as
+a decorator share one client per set of URLs, started on first use.
+
+After `os.fork()` the child has none of the parent's loop threads: each client starts a new
+loop there on its next call, with peers of its own (the parent's stay the parent's).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import timedelta
 
 import trio
 
-from .client import DEFAULT_EXPIRES_IN, Client, Lease, connect
-from .session import LeaseLost, RateDecision
+from .client import DEFAULT_EXPIRES_IN, Client, Lease, connect, seconds
+from .session import LeaseLost, Peer, RateDecision
 
 START_TIMEOUT = 30.0
 
 
-class BlockingClient:
-    def __init__(
-        self, urls: str | Sequence[str], *, expires_in: float = DEFAULT_EXPIRES_IN
-    ) -> None:
-        self._urls = urls
-        self._expires_in = expires_in
+class _Loop:
+    """A trio loop on a daemon thread, running one async client until closed."""
+
+    def __init__(self, urls: str | Sequence[str], expires_in: float, options: dict) -> None:
+        self.client: Client | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self._client: Client | None = None
         self._stop: trio.Event | None = None
         self._started = threading.Event()
         self._failure: BaseException | None = None
-        self._local = threading.local()
-        self._thread = threading.Thread(target=self._run, name="sluicegate-client", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(urls, expires_in, options),
+            name="sluicegate-client",
+            daemon=True,
+        )
         self._thread.start()
         if not self._started.wait(START_TIMEOUT):
             raise TimeoutError("the client's loop did not start")
         if self._failure is not None:
             raise self._failure
 
-    @contextmanager
-    def lock(self, semaphore: str, count: int = 1, timeout: float | None = None) -> Iterator[Lease]:
-        """Hold `count` of `semaphore` for the body; `LockTimeout` after `timeout` seconds;
-        `LeaseLost` on exit if the lease could not be kept (and `lease.lost`)."""
-        peer = getattr(self._local, "peer", None)
-        outermost = peer is None
-        if outermost:
-            peer = self._run_in_loop(self._client._take_peer)
-            self._local.peer = peer
-        try:
-            lease = self._run_in_loop(self._client._acquire, peer, semaphore, count, timeout)
-            try:
-                yield lease
-            finally:
-                self._run_in_loop(self._client._let_go, peer, semaphore, lease)
-            if lease.lost:
-                raise LeaseLost(f"the lease on {semaphore!r} was lost: its peer expired")
-        finally:
-            if outermost:
-                self._local.peer = None
-                self._run_in_loop(self._client._put_back, peer)
-
-    def remainder(self, semaphore: str) -> int:
-        return self._run_in_loop(self._client.remainder, semaphore)
-
-    def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
-        """Go or sorry now (see `Client.check`)."""
-        return self._run_in_loop(self._client.check, limiter, key, n)
-
-    def rate_limited(
-        self, limiter: str, key: str = "", n: int = 1, timeout: float | None = None
-    ) -> BlockingRateGate:
-        """`with client.rate_limited("api", key="u1"):` enters once the limiter says go;
-        `RateLimited` after `timeout` seconds. Also a decorator of functions."""
-        return BlockingRateGate(self, limiter, key, n, timeout)
+    def run(self, afn, *args):
+        return trio.from_thread.run(afn, *args, trio_token=self._token)
 
     def close(self) -> None:
         if self._token is not None and self._thread.is_alive():
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             self._thread.join(10)
+
+    def _run(self, urls, expires_in: float, options: dict) -> None:
+        try:
+            trio.run(self._main, urls, expires_in, options)
+        except BaseException as failure:  # reported to the thread that started us
+            self._failure = failure
+            self._started.set()
+
+    async def _main(self, urls, expires_in: float, options: dict) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        async with await connect(urls, expires_in=expires_in, **options) as client:
+            self.client = client
+            self._started.set()
+            await self._stop.wait()
+
+
+class BlockingClient:
+    """`connect`'s client for code that blocks; the same options (`connect`)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        expires_in: float | timedelta = DEFAULT_EXPIRES_IN,
+        **options,
+    ) -> None:
+        self._args = (urls, seconds(expires_in), options)
+        # The peer of this context's outermost lock, and the loop it belongs to.
+        self._peer: ContextVar[tuple[_Loop, Peer] | None] = ContextVar(
+            "sluicegate_blocking_peer", default=None
+        )
+        self._starting = threading.Lock()
+        self._loop: _Loop | None = _Loop(*self._args)
+        _live.add(self)
+
+    @contextmanager
+    def lock(
+        self, semaphore: str, count: int = 1, timeout: float | timedelta | None = None
+    ) -> Iterator[Lease]:
+        """Hold `count` of `semaphore` for the body; `LockTimeout` after `timeout` seconds;
+        `LeaseLost` on exit if the lease could not be kept (and `lease.lost`). Also a
+        decorator of functions (each call holds the lock)."""
+        loop = self._running()
+        client = loop.client
+        held = self._peer.get()
+        # (A peer of a loop left behind by a fork is the parent's.)
+        outermost = held is None or held[0] is not loop
+        if outermost:
+            peer = loop.run(client._take_peer)
+            context = self._peer.set((loop, peer))
+        else:
+            peer = held[1]
+        try:
+            lease = loop.run(client._acquire, peer, semaphore, count, seconds(timeout))
+            try:
+                yield lease
+            finally:
+                loop.run(client._let_go, peer, semaphore, lease)
+            if lease.lost:
+                raise LeaseLost(f"the lease on {semaphore!r} was lost: its peer expired")
+        finally:
+            if outermost:
+                self._peer.reset(context)
+                loop.run(client._put_back, peer)
+
+    def remainder(self, semaphore: str) -> int:
+        loop = self._running()
+        return loop.run(loop.client.remainder, semaphore)
+
+    def check(self, limiter: str, key: str = "", n: int = 1) -> RateDecision:
+        """Go or sorry now (see `Client.check`)."""
+        loop = self._running()
+        return loop.run(loop.client.check, limiter, key, n)
+
+    def rate_limited(
+        self, limiter: str, key: str = "", n: int = 1, timeout: float | timedelta | None = None
+    ) -> BlockingRateGate:
+        """`with client.rate_limited("api", key="u1"):` enters once the limiter says go;
+        `RateLimited` after `timeout` seconds. Also a decorator of functions."""
+        return BlockingRateGate(self, limiter, key, n, seconds(timeout))
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
 
     def __enter__(self) -> BlockingClient:
         return self
@@ -92,23 +154,19 @@ class BlockingClient:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _run_in_loop(self, afn, *args):
-        return trio.from_thread.run(afn, *args, trio_token=self._token)
+    def _running(self) -> _Loop:
+        loop = self._loop
+        if loop is None:
+            with self._starting:
+                if self._loop is None:
+                    self._loop = _Loop(*self._args)
+                loop = self._loop
+        return loop
 
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as failure:  # reported to the thread that started us
-            self._failure = failure
-            self._started.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with await connect(self._urls, expires_in=self._expires_in) as client:
-            self._client = client
-            self._started.set()
-            await self._stop.wait()
+    def _forked(self) -> None:
+        """In a child after `os.fork()`: the loop's thread stayed with the parent."""
+        self._loop = None
+        self._starting = threading.Lock()
 
 
 class BlockingRateGate:
@@ -119,8 +177,8 @@ class BlockingRateGate:
         self._args = (limiter, key, n, timeout)
 
     def __enter__(self) -> RateDecision:
-        client = self._client
-        return client._run_in_loop(client._client._admit, *self._args)
+        loop = self._client._running()
+        return loop.run(loop.client._admit, *self._args)
 
     def __exit__(self, *exc_info) -> None:
         return None
@@ -134,8 +192,20 @@ class BlockingRateGate:
         return admitted
 
 
+_live: weakref.WeakSet[BlockingClient] = weakref.WeakSet()
 _clients: dict[tuple[str, ...], BlockingClient] = {}
 _clients_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _clients_lock
+    # Another thread of the parent may have held it at the fork; none of them is here.
+    _clients_lock = threading.Lock()
+    for client in list(_live):
+        client._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager
@@ -143,10 +213,10 @@ def lock(
     urls: str | Sequence[str],
     semaphore: str,
     count: int = 1,
-    timeout: float | None = None,
+    timeout: float | timedelta | None = None,
 ) -> Iterator[Lease]:
     """`with lock("ws://host:8000", "A", count=2, timeout=10) as lease:`; one client per set of
-    URLs, shared by every thread of the process."""
+    URLs, shared by every thread of the process. Also a decorator of functions."""
     key = (urls,) if isinstance(urls, str) else tuple(urls)
     with _clients_lock:
         client = _clients.get(key)

@@ -19,11 +19,14 @@ after the takeover bound its answer gives if it is not (`client/recovery.py`).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
+import ssl
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import trio
 
@@ -44,7 +47,9 @@ from .session import (
     UnknownPeer,
     UnknownSemaphore,
 )
-from .websocket import OpenWebSocket, open_websocket
+from .websocket import OpenWebSocket, extra_headers, open_websocket
+
+log = logging.getLogger("sluicegate.client")
 
 DEFAULT_EXPIRES_IN = 30.0
 # Waits longer than this are split, so a lost connection is noticed and the wait resumed.
@@ -77,14 +82,36 @@ class Lease:
     _scope: trio.CancelScope | None = field(default=None, repr=False)
 
 
-async def connect(urls: str | Sequence[str], *, expires_in: float = DEFAULT_EXPIRES_IN) -> Client:
-    """A client for the nodes at `urls` (`ws://host:port`, `/ws` implied); enter it with
-    `async with` to connect."""
+async def connect(
+    urls: str | Sequence[str],
+    *,
+    expires_in: float | timedelta = DEFAULT_EXPIRES_IN,
+    ssl_context: ssl.SSLContext | None = None,
+    headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+    token: str | None = None,
+) -> Client:
+    """A client for the nodes at `urls` (`ws://host:port` or `wss://host:port`, `/ws`
+    implied); enter it with `async with` to connect.
+
+    `ssl_context` verifies `wss://` nodes (default: the system's certificate authorities).
+    `headers` go with every WebSocket handshake, and `token` as `Authorization: Bearer
+    <token>`."""
     if isinstance(urls, str):
         urls = [urls]
     if not urls:
         raise ValueError("at least one node URL")
-    return Client([_ws_url(url) for url in urls], expires_in=expires_in)
+    extra = extra_headers(headers, token)
+    opener = open_websocket
+    if ssl_context is not None or extra:
+        opener = functools.partial(open_websocket, ssl_context=ssl_context, headers=extra)
+    return Client(
+        [_ws_url(url) for url in urls], expires_in=seconds(expires_in), open_websocket=opener
+    )
+
+
+def seconds(interval: float | timedelta | None) -> float | None:
+    """A time interval in seconds, given in seconds or as a `timedelta` (as throttle-client's)."""
+    return interval.total_seconds() if isinstance(interval, timedelta) else interval
 
 
 def _ws_url(url: str) -> str:
@@ -157,11 +184,13 @@ class Client:
 
     # -- the API -----------------------------------------------------------------------------
 
-    def lock(self, semaphore: str, count: int = 1, timeout: float | None = None) -> Locking:
+    def lock(
+        self, semaphore: str, count: int = 1, timeout: float | timedelta | None = None
+    ) -> Locking:
         """Hold `count` of `semaphore` for the body of `async with`; wait at most `timeout`
         seconds for it (forever if None). Locks nested in one task must go down in level, as on
-        HTTP."""
-        return Locking(self, semaphore, count, timeout)
+        HTTP. Also a decorator of async functions (each call holds the lock)."""
+        return Locking(self, semaphore, count, seconds(timeout))
 
     async def remainder(self, semaphore: str) -> int:
         return await self._call(None, self._session.remainder, semaphore)
@@ -175,12 +204,12 @@ class Client:
         )
 
     def rate_limited(
-        self, limiter: str, key: str = "", n: int = 1, timeout: float | None = None
+        self, limiter: str, key: str = "", n: int = 1, timeout: float | timedelta | None = None
     ) -> RateGate:
         """`async with client.rate_limited("api", key="u1"):` enters once the limiter says go
         (waiting in line at the node that decides, first come first served); `RateLimited`
         after `timeout` seconds (None: no limit). Also a decorator of async functions."""
-        return RateGate(self, limiter, key, n, timeout)
+        return RateGate(self, limiter, key, n, seconds(timeout))
 
     async def _admit(self, limiter: str, key: str, n: int, timeout: float | None) -> RateDecision:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
@@ -317,7 +346,7 @@ class Client:
                     await self._restore(peer)
                 else:
                     if decision.elsewhere:
-                        self._leave(connection)
+                        self._leave(connection, f"it keeps answering unavailable ({failure})")
                     await trio.sleep(decision.wait)
             try:
                 connection = await self._connected(recovery.give_up_at)
@@ -325,14 +354,18 @@ class Client:
             except (ConnectionLost, UnknownPeer, Unavailable) as error:
                 failure = error
 
-    def _leave(self, connection: Connection | None) -> None:
+    def _leave(self, connection: Connection | None, why: str) -> None:
         """Leave the node of `connection` for the next one (if no other call did already); its
         heartbeats on their way still wait for their answers there."""
         if connection is not None and connection is self._connection and not connection.closed:
+            log.warning("leaving node %s for the next one: %s", connection.node, why)
             self._nodes.skip(trio.current_time())
             connection.retire()
 
     async def _restore(self, peer: Peer) -> None:
+        log.info(
+            "restoring peer %d, which the node forgot, with %d locks", peer.peer_id, len(peer.held)
+        )
         _, sent_at = await self._renewing(None, self._session.restore, peer)
         self._session.renewed(peer, sent_at)
 
@@ -368,12 +401,17 @@ class Client:
                         # good part of a peer's expiry.
                         min(CONNECT_TIMEOUT, self._session.expires_in / 5),
                     )
-                except ConnectionLost:
+                except ConnectionLost as error:
+                    log.warning("%s", error)
                     decision = self._nodes.failed(trio.current_time(), give_up_at)
                     if isinstance(decision, GiveUp):
                         raise decision.error from None
                     await trio.sleep(decision.wait)
                 else:
+                    if connection is not None:
+                        log.info(
+                            "connected to node %s (%s)", self._connection.node, self._nodes.url
+                        )
                     self._nodes.connected()
                     return self._connection
 
@@ -398,7 +436,7 @@ class Client:
                 and connection.stalled(now - beat / 2)
             )
             if stalled:
-                self._leave(connection)
+                self._leave(connection, "a heartbeat there is unanswered for half a beat")
             if now >= next_beat:
                 next_beat = now + beat
             elif not stalled:
@@ -435,6 +473,14 @@ class Client:
     def _lose_leases(self, peer: Peer) -> None:
         """No node confirmed the peer before it could expire: its leases may be gone."""
         for lease in [lease for lease in self._leases if lease.peer_id == peer.peer_id]:
+            if lease.lost:
+                continue  # (another of the peer's beats found it lost first)
+            log.error(
+                "lost the lease on %r (peer %d): no node confirmed its heartbeat before it "
+                "could expire",
+                lease.semaphore,
+                peer.peer_id,
+            )
             lease.lost = True
             if lease._scope is not None:
                 lease._scope.cancel()
@@ -507,6 +553,16 @@ class Locking:
         self._client._task_peer.reset(self._context)
         if self._outer:
             await self._client._put_back(self._peer)
+
+    def __call__(self, function):
+        client, args = self._client, (self._semaphore, self._count, self._timeout)
+
+        @functools.wraps(function)
+        async def locked(*args_, **kwargs):
+            async with Locking(client, *args):
+                return await function(*args_, **kwargs)
+
+        return locked
 
 
 class RateGate:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -54,14 +55,45 @@ class ProtocolError(Exception):
 # -- sans-IO -----------------------------------------------------------------------------------
 
 
-def handshake_request(host: str, target: str) -> tuple[bytes, bytes]:
-    """The opening request and the accept value its answer must carry."""
+# RFC 9110's token (a header's name), and what a header's value may not hold.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_NOT_IN_VALUE = re.compile(r"[\x00\r\n]")
+# Headers the handshake sets itself.
+_OWN_HEADERS = {"host", "upgrade", "connection", "sec-websocket-key", "sec-websocket-version"}
+
+
+def extra_headers(
+    headers: Mapping[str, str] | Sequence[tuple[str, str]] = (), token: str | None = None
+) -> list[tuple[str, str]]:
+    """The headers a client sends with its handshake beyond the protocol's own, checked:
+    `headers`, and `token` as `Authorization: Bearer <token>`."""
+    pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
+    if token is not None:
+        if any(name.lower() == "authorization" for name, _ in pairs):
+            raise ValueError("give either a token or an Authorization header, not both")
+        pairs.append(("Authorization", f"Bearer {token}"))
+    for name, value in pairs:
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"not a header name: {name!r}")
+        if name.lower() in _OWN_HEADERS:
+            raise ValueError(f"the WebSocket handshake sets {name} itself")
+        if not isinstance(value, str) or _NOT_IN_VALUE.search(value):
+            raise ValueError(f"the value of {name} must be a string without CR, LF or NUL")
+    return pairs
+
+
+def handshake_request(
+    host: str, target: str, headers: Sequence[tuple[str, str]] = ()
+) -> tuple[bytes, bytes]:
+    """The opening request, with `headers` (checked by `extra_headers`) besides the protocol's,
+    and the accept value its answer must carry."""
     key = base64.b64encode(os.urandom(16))
     accept = base64.b64encode(hashlib.sha1(key + _GUID).digest())
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
     request = (
         f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key.decode()}\r\n"
-        "Sec-WebSocket-Version: 13\r\n\r\n"
+        f"Sec-WebSocket-Version: 13\r\n{extra}\r\n"
     ).encode()
     return request, accept
 
@@ -273,8 +305,13 @@ class WebSocket:
 OpenWebSocket = Callable[[str], Awaitable["WebSocket"]]
 
 
-async def open_websocket(url: str, ssl_context: ssl.SSLContext | None = None) -> WebSocket:
-    """Open a WebSocket to `url` (`ws://` or `wss://`). Not bounded in time: the caller is."""
+async def open_websocket(
+    url: str,
+    ssl_context: ssl.SSLContext | None = None,
+    headers: Sequence[tuple[str, str]] = (),
+) -> WebSocket:
+    """Open a WebSocket to `url` (`ws://` or `wss://`), sending `headers` (checked by
+    `extra_headers`) with the handshake. Not bounded in time: the caller is."""
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError(f"not a WebSocket URL: {url!r}")
@@ -287,13 +324,15 @@ async def open_websocket(url: str, ssl_context: ssl.SSLContext | None = None) ->
     else:
         stream = await trio.open_tcp_stream(parts.hostname, port)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return await handshake(stream, parts.netloc.rsplit("@", 1)[-1], target)
+    return await handshake(stream, parts.netloc.rsplit("@", 1)[-1], target, headers)
 
 
-async def handshake(stream: trio.abc.Stream, host: str, target: str) -> WebSocket:
+async def handshake(
+    stream: trio.abc.Stream, host: str, target: str, headers: Sequence[tuple[str, str]] = ()
+) -> WebSocket:
     """The opening handshake over `stream` (closed if it fails)."""
     try:
-        request, accept = handshake_request(host, target)
+        request, accept = handshake_request(host, target, headers)
         await stream.send_all(request)
         received = b""
         while b"\r\n\r\n" not in received:

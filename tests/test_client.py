@@ -3,9 +3,11 @@ client, restore after a node lost its memory, and failover to the next URL."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import trio
@@ -200,7 +202,7 @@ async def test_a_node_that_lost_its_memory_gets_the_locks_restored(node):
             assert await client.remainder("C") == 5
 
 
-async def test_the_next_url_is_used_when_a_node_is_down(tmp_path):
+async def test_the_next_url_is_used_when_a_node_is_down(tmp_path, caplog):
     with NodeProcess(NODE_CONFIG, workdir=tmp_path / "up") as up:
         with NodeProcess(NODE_CONFIG, workdir=tmp_path / "down") as down:
             dead_url = down.url
@@ -208,6 +210,26 @@ async def test_the_next_url_is_used_when_a_node_is_down(tmp_path):
             async with await sg.connect([dead_url, up.url]) as client:
                 async with client.lock("A"):
                     assert client.node == f"127.0.0.1:{up.port}"
+    [failed] = [r for r in caplog.records if r.name == "sluicegate.client"]
+    assert (
+        failed.levelname == "WARNING"
+        and f"cannot connect to ws://127.0.0.1:{down.port}/ws" in failed.message
+    )
+
+
+async def test_a_lock_decorates_an_async_function(shared_node):
+    with trio.fail_after(TIMEOUT):
+        async with await sg.connect(shared_node.url) as client:
+
+            @client.lock("C", count=2)
+            async def left_inside() -> int:
+                return await client.remainder("C")
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):  # each call holds a lock of its own: 2 + 2 would be 1 left
+                    nursery.start_soon(left_inside)
+            assert await left_inside() == 3
+            assert await client.remainder("C") == 5
 
 
 def test_the_blocking_api_from_many_threads_never_exceeds_max(node):
@@ -246,9 +268,67 @@ def test_a_blocking_client_nests_and_times_out(node):
                 assert client.remainder("A") == 0
             with pytest.raises(sg.LockTimeout):
                 with sg.BlockingClient(node.url) as other:
-                    with other.lock("B", timeout=0.3):
+                    with other.lock("B", timeout=timedelta(milliseconds=300)):
                         pass
         assert client.remainder("B") == 1
+
+
+def test_blocking_locks_decorate_functions(node):
+    with sg.BlockingClient(node.url) as client:
+
+        @sg.lock(node.url, "A", timeout=5)
+        def in_a() -> int:
+            return client.remainder("A")
+
+        @client.lock("C", count=3)
+        def in_c() -> int:
+            return client.remainder("C")
+
+        assert (in_a(), in_a(), in_c()) == (0, 0, 2)
+        assert client.remainder("A") == 1
+
+
+def test_two_asyncio_tasks_in_one_thread_take_a_peer_each(node):
+    import asyncio
+
+    with sg.BlockingClient(node.url) as client:
+
+        async def hold(semaphore: str, mine: asyncio.Event, theirs: asyncio.Event) -> int:
+            with client.lock(semaphore, timeout=5) as lease:
+                mine.set()
+                await theirs.wait()  # both held at once, in one thread
+                return lease.peer_id
+
+        async def main() -> list[int]:
+            a, b = asyncio.Event(), asyncio.Event()
+            # B (level 1) while A (level 0) is held: a false Deadlock if they shared a peer.
+            return await asyncio.wait_for(asyncio.gather(hold("A", a, b), hold("B", b, a)), 10)
+
+        peer_a, peer_b = asyncio.run(main())
+        assert peer_a != peer_b
+
+
+def test_a_forked_child_locks_with_a_client_of_its_own(node):
+    with sg.lock(node.url, "A", timeout=5):  # the parent's client runs, and holds A
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                # Not nested in the parent's A (that would be a Deadlock: C is level 0 too).
+                with sg.lock(node.url, "C", timeout=10) as lease:
+                    with sg.BlockingClient(node.url) as other:
+                        held = other.remainder("A"), other.remainder("C")
+                    code = 0 if lease.fencing_token and held == (0, 4) else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + TIMEOUT
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
 async def test_a_lease_that_cannot_be_kept_cancels_the_body_and_raises(node):
@@ -266,8 +346,8 @@ async def test_a_lease_that_cannot_be_kept_cancels_the_body_and_raises(node):
             assert lease.lost and not reached_the_end
 
 
-def test_the_blocking_api_raises_on_exit_when_the_lease_was_lost(node):
-    with sg.BlockingClient(node.url, expires_in=1.5) as client:
+def test_the_blocking_api_raises_on_exit_when_the_lease_was_lost(node, caplog):
+    with sg.BlockingClient(node.url, expires_in=timedelta(seconds=1.5)) as client:
         with pytest.raises(sg.LeaseLost):
             with client.lock("A") as lease:
                 node.signal(signal.SIGSTOP)
@@ -276,6 +356,9 @@ def test_the_blocking_api_raises_on_exit_when_the_lease_was_lost(node):
                 finally:
                     node.signal(signal.SIGCONT)
         assert lease.lost
+    assert [
+        (r.levelname, r.name) for r in caplog.records if "lost the lease on 'A'" in r.message
+    ] == [("ERROR", "sluicegate.client")]
 
 
 def test_the_blocking_api_serves_asyncio_code_through_threads(node):

@@ -3,6 +3,8 @@ server (the node's) over loopback."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 from hypothesis import given, settings
@@ -214,3 +216,77 @@ async def test_a_text_message_closes_with_1003_and_a_refusal_is_no_websocket(nur
         assert close_code == [1003]
         with pytest.raises(HandshakeRefused, match="403"):
             await websocket.open_websocket(url + "/elsewhere")
+
+
+def test_extra_headers_are_checked_and_the_token_is_a_bearer():
+    assert websocket.extra_headers({"X-Team": "crawlers"}, token="s3cret") == [
+        ("X-Team", "crawlers"),
+        ("Authorization", "Bearer s3cret"),
+    ]
+    request, _ = websocket.handshake_request("h:1", "/ws", [("X-Team", "crawlers")])
+    assert request.endswith(b"Sec-WebSocket-Version: 13\r\nX-Team: crawlers\r\n\r\n")
+    for bad in (
+        [("X Team", "a")],  # not a token
+        [("X-Team", "a\r\nInjected: yes")],
+        [("Sec-WebSocket-Key", "mine")],  # the handshake's own
+    ):
+        with pytest.raises(ValueError):
+            websocket.extra_headers(bad)
+    with pytest.raises(ValueError, match="not both"):
+        websocket.extra_headers([("authorization", "Basic x")], token="s3cret")
+
+
+async def test_connect_verifies_wss_with_the_given_context_and_sends_headers_and_token(
+    nursery, tmp_path
+):
+    import ssl
+    import subprocess
+
+    import msgpack
+
+    from sluicegate import client as sg
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    command = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1"
+    subprocess.run(
+        [*command.split(), "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    seen = []
+
+    async def accept(request) -> None:
+        seen.append(dict(request.headers))
+        ws = await request.accept()
+        try:
+            await ws.get_message()  # hello
+            await ws.send_message(msgpack.packb({"node": "tls-node"}))
+            await ws.get_message()
+        except ConnectionClosed:
+            pass
+
+    async def handshake_only(stream) -> None:
+        try:
+            await stream.do_handshake()
+        except trio.BrokenResourceError:
+            pass  # the client refused the certificate
+
+    plain_tls = await nursery.start(
+        functools.partial(trio.serve_ssl_over_tcp, host="127.0.0.1"), handshake_only, 0, served
+    )
+    port = plain_tls[0].transport_listener.socket.getsockname()[1]
+    server = await nursery.start(serve_websocket, accept, "127.0.0.1", 0, served)
+    url = f"wss://127.0.0.1:{server.port}"
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(trio.BrokenResourceError) as refused:  # by the system's authorities
+            await websocket.open_websocket(f"wss://127.0.0.1:{port}/ws")
+        assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
+        trusted = ssl.create_default_context(cafile=str(cert))
+        headers = {"X-Team": "crawlers"}
+        async with await sg.connect(url, ssl_context=trusted, headers=headers, token="s3") as c:
+            assert c.node == "tls-node"
+    received = {name.lower(): value for name, value in seen[-1].items()}
+    assert received[b"x-team"] == b"crawlers" and received[b"authorization"] == b"Bearer s3"
