@@ -336,3 +336,36 @@ def test_the_client_needs_nothing_of_the_nodes_stack():
     ).stdout.split()
     assert "trio" in imported
     assert not set(NODE_MODULES.values()) & set(imported)
+
+
+def test_the_wheel_installs_the_client_alone_into_a_fresh_venv(tmp_path):
+    """A release: `python -m build` (an sdist, and the wheel built from it), installed into a
+    venv of its own brings the client's dependencies only, and the client imports there."""
+    built, venv = tmp_path / "dist", tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", built, ROOT],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = built.glob("*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", wheel],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    listed = (
+        "import importlib.metadata as m, sluicegate.client;"
+        "print(*{d.metadata['Name'].lower() for d in m.distributions()})"
+    )
+    installed = subprocess.run(
+        [python, "-c", listed], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    assert "sluicegate" in installed and {"trio", "msgpack"} <= set(installed)
+    assert not set(NODE_MODULES) & set(installed)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert (site / "sluicegate-0.1.0.dist-info" / "licenses" / "LICENSE").is_file()
+    assert (site / "sluicegate" / "node" / "static" / "status.html").is_file()
