@@ -1,6 +1,6 @@
-"""The sluicegate Python client: `connect` for the async (trio) API (locks and rate limits),
-`lock` and `BlockingClient` for threads and scripts. It logs failovers, restores and lost
-leases to the logger `sluicegate.client`."""
+"""The sluicegate Python client: `connect` for the async API (locks and rate limits) under asyncio
+or trio, `lock` and `BlockingClient` for threads and scripts. It logs failovers, restores and
+lost leases to the logger `sluicegate.client`."""
 
 import logging
 

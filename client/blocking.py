@@ -4,15 +4,14 @@
     with lock("ws://host:8000", "A", count=4, timeout=10) as lease:
         ...  # lease.fencing_token
 
-Each `BlockingClient` runs the async client in a trio loop of its own, on a daemon thread; calls
-from any thread go there and wait for the answer. The outermost lock of each context (a thread,
-an asyncio task: whatever has a `contextvars` context of its own) takes a peer, and the locks
-nested in it share that peer, as tasks do in the async API. `lock(url, ...)` and `lock` used as
-a decorator share one client per set of URLs, started on first use.
+Each `BlockingClient` runs the async client in an asyncio loop of its own, on a daemon thread;
+calls from any thread go there and wait for the answer. The outermost lock of each context (a
+thread, an asyncio task: whatever has a `contextvars` context of its own) takes a peer, and the
+locks nested in it share that peer, as tasks do in the async API. `lock(url, ...)` and `lock`
+used as a decorator share one client per set of URLs, started on first use.
 
-After `os.fork()` the child has none of the parent's loop threads: each client starts a new
-loop there on its next call, with peers of its own (the parent's stay the parent's).
-"""
+After `os.fork()` the child has none of the parent's loop threads: each client starts a new loop
+there on its next call, with peers of its own (the parent's stay the parent's)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import timedelta
 
-import trio
+import anyio
+from anyio.from_thread import BlockingPortal
 
 from .client import DEFAULT_EXPIRES_IN, Client, Lease, connect, seconds
 from .session import LeaseLost, Peer, RateDecision
@@ -34,14 +34,14 @@ START_TIMEOUT = 30.0
 
 
 class _Loop:
-    """A trio loop on a daemon thread, running one async client until closed."""
+    """An asyncio loop on a daemon thread, running one async client until closed."""
 
     def __init__(self, urls: str | Sequence[str], expires_in: float, options: dict) -> None:
         self.client: Client | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
+        self._portal: BlockingPortal | None = None
         self._started = threading.Event()
         self._failure: BaseException | None = None
+        # A daemon: a process that never closes its clients (as `lock` never does) still exits.
         self._thread = threading.Thread(
             target=self._run,
             args=(urls, expires_in, options),
@@ -55,27 +55,26 @@ class _Loop:
             raise self._failure
 
     def run(self, afn, *args):
-        return trio.from_thread.run(afn, *args, trio_token=self._token)
+        return self._portal.call(afn, *args)
 
     def close(self) -> None:
-        if self._token is not None and self._thread.is_alive():
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        if self._portal is not None and self._thread.is_alive():
+            self._portal.call(self._portal.stop)
             self._thread.join(10)
 
     def _run(self, urls, expires_in: float, options: dict) -> None:
         try:
-            trio.run(self._main, urls, expires_in, options)
+            anyio.run(self._main, urls, expires_in, options, backend="asyncio")
         except BaseException as failure:  # reported to the thread that started us
             self._failure = failure
             self._started.set()
 
     async def _main(self, urls, expires_in: float, options: dict) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with await connect(urls, expires_in=expires_in, **options) as client:
-            self.client = client
-            self._started.set()
-            await self._stop.wait()
+        async with BlockingPortal() as portal:
+            async with await connect(urls, expires_in=expires_in, **options) as client:
+                self._portal, self.client = portal, client
+                self._started.set()
+                await portal.sleep_until_stopped()
 
 
 class BlockingClient:

@@ -1,4 +1,4 @@
-"""The async client (trio): locks that survive node failures.
+"""The async client (on anyio: under asyncio and trio alike): locks that survive node failures.
 
     async with await sluicegate.client.connect(["ws://n1:8000", "ws://n2:8000"]) as client:
         async with client.lock("A", count=2, timeout=10) as lease:
@@ -28,7 +28,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import trio
+import anyio
 
 from .connection import CONNECT_TIMEOUT, Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
@@ -79,7 +79,7 @@ class Lease:
     # The peer that holds it (the cluster's name for the lock hierarchy it belongs to).
     peer_id: int = 0
     lost: bool = False
-    _scope: trio.CancelScope | None = field(default=None, repr=False)
+    _scope: anyio.CancelScope | None = field(default=None, repr=False)
 
 
 async def connect(
@@ -136,13 +136,13 @@ class Client:
         memory streams with one seeded random source."""
         self._session = Session(expires_in)
         self._connection: Connection | None = None
-        self._connecting = trio.Lock()
+        self._connecting = anyio.Lock()
         self._leases: set[Lease] = set()
-        self._nursery: trio.Nursery | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
         self._rng = rng or random.Random()
         self._open_websocket = open_websocket
         self._nodes = NodeChoice(urls, self._rng)
-        # The peer of the current task's outermost lock (contexts are per task in trio).
+        # The peer of the current task's outermost lock (each task has a context of its own).
         self._task_peer: ContextVar[Peer | None] = ContextVar("sluicegate_peer", default=None)
 
     @property
@@ -156,31 +156,30 @@ class Client:
         return self._connection
 
     async def __aenter__(self) -> Client:
-        self._nursery_manager = trio.open_nursery()
-        self._nursery = await self._nursery_manager.__aenter__()
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
         try:
-            await self._connected(trio.current_time() + CALL_PATIENCE)
+            await self._connected(anyio.current_time() + CALL_PATIENCE)
         except BaseException:
-            self._nursery.cancel_scope.cancel()
-            await self._nursery_manager.__aexit__(None, None, None)
+            self._tasks.cancel_scope.cancel()
+            await self._tasks.__aexit__(None, None, None)
             raise
-        self._nursery.start_soon(self._heartbeats)
+        self._tasks.start_soon(self._heartbeats)
         return self
 
     async def __aexit__(self, *exc_info) -> bool | None:
         try:
             if self._connection is not None and not self._connection.closed:
                 # Shielded (and bounded): a cancel from outside must not raise in here, where
-                # the client's own nursery is still to be exited with `exc_info`.
-                with trio.move_on_after(2) as releasing:
-                    releasing.shield = True
-                    async with trio.open_nursery() as nursery:
+                # the client's own task group is still to be exited with `exc_info`.
+                with anyio.move_on_after(2, shield=True):
+                    async with anyio.create_task_group() as releases:
                         for peer_id in list(self._session.peers):
                             request = self._session.request("release_peer", peer=peer_id)
-                            nursery.start_soon(self._quietly, self._connection.call, request)
+                            releases.start_soon(self._quietly, self._connection.call, request)
         finally:
-            self._nursery.cancel_scope.cancel()
-        return await self._nursery_manager.__aexit__(*exc_info)
+            self._tasks.cancel_scope.cancel()
+        return await self._tasks.__aexit__(*exc_info)
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -212,15 +211,15 @@ class Client:
         return RateGate(self, limiter, key, n, seconds(timeout))
 
     async def _admit(self, limiter: str, key: str, n: int, timeout: float | None) -> RateDecision:
-        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         while True:
-            wait = min(max(deadline - trio.current_time(), 0.0), WAIT_SLICE)
+            wait = min(max(deadline - anyio.current_time(), 0.0), WAIT_SLICE)
             retry_id = self._rng.getrandbits(64)
             answer = await self._call(None, self._session.wait, limiter, key, n, wait, retry_id)
             decision = RateDecision.from_answer(answer)
             if decision.go:
                 return decision
-            if deadline - trio.current_time() < SHORTEST_WAIT:
+            if deadline - anyio.current_time() < SHORTEST_WAIT:
                 raise RateLimited(f"{limiter!r} did not admit {n} within {timeout} s")
 
     # -- internals ---------------------------------------------------------------------------
@@ -248,9 +247,9 @@ class Client:
     async def _acquire(
         self, peer: Peer, semaphore: str, count: int, timeout: float | None
     ) -> Lease:
-        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         while True:
-            now = trio.current_time()
+            now = anyio.current_time()
             wait = min(max(deadline - now, 0.0), WAIT_SLICE)
             seq = self._session.next_op(peer)
             try:
@@ -272,7 +271,7 @@ class Client:
                 lease = Lease(semaphore, count, peer.held[semaphore].token, peer.peer_id)
                 self._leases.add(lease)
                 return lease
-            if deadline - trio.current_time() < SHORTEST_WAIT:
+            if deadline - anyio.current_time() < SHORTEST_WAIT:
                 await self._withdraw(peer, semaphore)
                 raise LockTimeout(f"{semaphore!r} not granted within {timeout} s")
 
@@ -280,8 +279,7 @@ class Client:
         """Withdraw an acquire that returned no lease, shielded from cancellation for at most
         `WITHDRAW_PATIENCE` seconds. Unconfirmed, it leaves the peer unsettled: not reused once
         its task's locks are over (docs/cluster.md, "Keeping a lease")."""
-        with trio.move_on_after(WITHDRAW_PATIENCE) as withdrawing:
-            withdrawing.shield = True
+        with anyio.move_on_after(WITHDRAW_PATIENCE, shield=True):
             try:
                 await self._release(peer, semaphore)
             except (ConnectionLost, SluicegateError):
@@ -334,12 +332,12 @@ class Client:
     ) -> object:
         """`_call` after its first try on `connection`, which failed with `failure` (None: not
         made)."""
-        recovery = CallRecovery(trio.current_time(), self._rng, has_peer=peer is not None)
+        recovery = CallRecovery(anyio.current_time(), self._rng, has_peer=peer is not None)
         while True:
             if failure is not None:
                 # (The connection the failed try went on: another call may have moved this
                 # client to another node while this one waited to try again.)
-                decision = recovery.after(failure, trio.current_time(), connection)
+                decision = recovery.after(failure, anyio.current_time(), connection)
                 if isinstance(decision, GiveUp):
                     raise decision.error
                 if isinstance(decision, RestorePeer):
@@ -347,7 +345,7 @@ class Client:
                 else:
                     if decision.elsewhere:
                         self._leave(connection, f"it keeps answering unavailable ({failure})")
-                    await trio.sleep(decision.wait)
+                    await anyio.sleep(decision.wait)
             try:
                 connection = await self._connected(recovery.give_up_at)
                 return await connection.call(build())
@@ -359,7 +357,7 @@ class Client:
         heartbeats on their way still wait for their answers there."""
         if connection is not None and connection is self._connection and not connection.closed:
             log.warning("leaving node %s for the next one: %s", connection.node, why)
-            self._nodes.skip(trio.current_time())
+            self._nodes.skip(anyio.current_time())
             connection.retire()
 
     async def _restore(self, peer: Peer) -> None:
@@ -378,7 +376,7 @@ class Client:
 
         def stamped(*args: object) -> dict:
             nonlocal sent_at
-            sent_at = trio.current_time()
+            sent_at = anyio.current_time()
             return build(*args)
 
         result = await self._call(peer, stamped, *args)
@@ -394,7 +392,7 @@ class Client:
             while True:
                 try:
                     self._connection = await Connection.open(
-                        self._nursery,
+                        self._tasks,
                         self._nodes.url,
                         self._open_websocket,
                         # A node that takes long (paused) must not hold every call up for a
@@ -403,10 +401,10 @@ class Client:
                     )
                 except ConnectionLost as error:
                     log.warning("%s", error)
-                    decision = self._nodes.failed(trio.current_time(), give_up_at)
+                    decision = self._nodes.failed(anyio.current_time(), give_up_at)
                     if isinstance(decision, GiveUp):
                         raise decision.error from None
-                    await trio.sleep(decision.wait)
+                    await anyio.sleep(decision.wait)
                 else:
                     if connection is not None:
                         log.info(
@@ -425,10 +423,13 @@ class Client:
         just after the last one, and the next node may stall too (docs/cluster.md, "Keeping a
         lease")."""
         beat = self._session.expires_in / 3
-        next_beat = trio.current_time() + beat
+        next_beat = anyio.current_time() + beat
         while True:
-            await trio.sleep_until(min(next_beat, trio.current_time() + beat / STALL_CHECKS))
-            now = trio.current_time()
+            with anyio.CancelScope(
+                deadline=min(next_beat, anyio.current_time() + beat / STALL_CHECKS)
+            ):
+                await anyio.sleep_forever()
+            now = anyio.current_time()
             connection = self._connection
             stalled = (
                 connection is not None
@@ -445,18 +446,18 @@ class Client:
                 # A beat each time, even while earlier ones are on their way: with answers
                 # slower than a beat, waiting for them would space renewals out beyond expiry.
                 if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
-                    self._nursery.start_soon(self._heartbeat, peer)
+                    self._tasks.start_soon(self._heartbeat, peer)
 
     async def _heartbeat(self, peer: Peer) -> None:
         session = self._session
-        now = trio.current_time()
+        now = anyio.current_time()
         # Until the peer may expire; one whose leases are lost already keeps trying a while.
         deadline = session.expires_at(peer)
         if deadline <= now:
             deadline = now + session.expires_in
         peer.heartbeats_sent.append(now)
         try:
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 _, sent_at = await self._renewing(peer, session.heartbeat, peer)
                 session.renewed(peer, sent_at)
         except (Unavailable, UnknownPeer):
@@ -467,7 +468,7 @@ class Client:
             pass
         finally:
             peer.heartbeats_sent.remove(now)
-        if trio.current_time() >= session.expires_at(peer):
+        if anyio.current_time() >= session.expires_at(peer):
             self._lose_leases(peer)
 
     def _lose_leases(self, peer: Peer) -> None:
@@ -530,7 +531,7 @@ class Locking:
             await self._leave()
             raise
         # A lost lease cancels the body through this scope.
-        lease._scope = trio.CancelScope()
+        lease._scope = anyio.CancelScope()
         lease._scope.__enter__()
         self._lease = lease
         return lease

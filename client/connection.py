@@ -8,10 +8,13 @@ one answer frame wakes run before the sender does, and their next requests leave
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import sys
 from collections import deque
 
+import anyio
 import msgpack
-import trio
 
 from .recovery import ConnectionLost
 from .session import error_from
@@ -23,10 +26,14 @@ CONNECT_TIMEOUT = 5.0
 SPLIT_AT = 32
 
 
-_BROKEN = (WebSocketClosed, trio.BrokenResourceError, trio.ClosedResourceError)
+_BROKEN = (WebSocketClosed, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class _Slot:
+    """A call waiting for its answer. Its caller sleeps (`sleep`) until woken (`wake`): when
+    the answer came, or when it is to read the socket for everyone. Each event loop's own
+    parking primitive, as an `anyio.Event` per call costs more (a subclass per loop)."""
+
     __slots__ = ("request_id", "answer", "sleeper", "lost")
 
     def __init__(self, request_id: int) -> None:
@@ -34,18 +41,54 @@ class _Slot:
         self.answer: dict | None = None
         # Given up with the connection retired (`Connection.retire`): the caller asks elsewhere.
         self.lost = False
-        # The caller's task while it sleeps; woken when the answer came, or when it is to read
-        # the socket for everyone. (trio's parking primitives: an Event each costs more.)
-        self.sleeper: trio.lowlevel.Task | None = None
+        self.sleeper = None  # while the caller sleeps: its task (trio), or a future (asyncio)
 
-    def abort(self, raise_cancel) -> trio.lowlevel.Abort:
-        self.sleeper = None
-        return trio.lowlevel.Abort.SUCCEEDED
+
+class _AsyncioSlot(_Slot):
+    __slots__ = ()
+
+    async def sleep(self) -> None:
+        self.sleeper = asyncio.get_running_loop().create_future()
+        try:
+            await self.sleeper
+        finally:
+            self.sleeper = None
 
     def wake(self) -> None:
-        if self.sleeper is not None:
-            trio.lowlevel.reschedule(self.sleeper)
+        if self.sleeper is not None and not self.sleeper.done():
+            self.sleeper.set_result(None)
+        self.sleeper = None
+
+
+@functools.cache
+def _trio_slot() -> type[_Slot]:
+    import trio  # (here: an asyncio application need not have trio)
+
+    class _TrioSlot(_Slot):
+        __slots__ = ()
+
+        async def sleep(self) -> None:
+            self.sleeper = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+        def _abort(self, raise_cancel) -> trio.lowlevel.Abort:
             self.sleeper = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        def wake(self) -> None:
+            if self.sleeper is not None:
+                trio.lowlevel.reschedule(self.sleeper)
+                self.sleeper = None
+
+    return _TrioSlot
+
+
+def _slot_class() -> type[_Slot]:
+    """The slot for the event loop that runs now."""
+    trio = sys.modules.get("trio")
+    if trio is not None and trio.lowlevel.in_trio_run():
+        return _trio_slot()
+    return _AsyncioSlot
 
 
 class Connection:
@@ -53,16 +96,19 @@ class Connection:
     own answer comes, it hands reading over to another waiting caller. So the answer to a lone
     request wakes only its caller, and an answer frame wakes the callers it answers."""
 
-    def __init__(self, ws, node: str, nursery: trio.Nursery, check_times: bool = False) -> None:
+    def __init__(
+        self, ws, node: str, tasks: anyio.abc.TaskGroup, check_times: bool = False
+    ) -> None:
         self._ws = ws
-        self._nursery = nursery
+        self._tasks = tasks
+        self._slot = _slot_class()
         self.node = node
         # Does the node take `times` on a check? Then runs of equal checks go as one request,
         # and `_groups` maps such a request's id to the ids of the calls it stands for.
         self._check_times = check_times
         self._groups: dict[int, list[int]] = {}
         self._outbox: list[dict] = []
-        self._ready = trio.Event()
+        self._ready = anyio.Event()
         self._sending = False
         self._waiting: dict[int, _Slot] = {}
         self._reading = False
@@ -72,7 +118,7 @@ class Connection:
         self._retired = False
         # The slot of the caller reading the socket, and the scope of its read.
         self._reader: _Slot | None = None
-        self._read_scope: trio.CancelScope | None = None
+        self._read_scope: anyio.CancelScope | None = None
         # Heartbeats on their way on this connection: request id -> when sent.
         self._beats: dict[int, float] = {}
         self.frames_sent = 0
@@ -85,32 +131,32 @@ class Connection:
     @classmethod
     async def open(
         cls,
-        nursery: trio.Nursery,
+        tasks: anyio.abc.TaskGroup,
         url: str,
         open_websocket: OpenWebSocket = open_websocket,
         timeout: float = CONNECT_TIMEOUT,
     ) -> Connection:
-        """Connect to `url` (a node's `/ws`) and say hello, within `timeout`; the connection
-        lives in `nursery`."""
+        """Connect to `url` (a node's `/ws`) and say hello, within `timeout`; the connection's
+        tasks run in `tasks`."""
         try:
-            with trio.fail_after(timeout):
+            with anyio.fail_after(timeout):
                 ws = await open_websocket(url)
                 await ws.send_message(msgpack.packb({"hello": PROTOCOL_VERSION}))
                 welcome = msgpack.unpackb(await ws.get_message())
-        except (OSError, HandshakeRefused, *_BROKEN, trio.TooSlowError) as error:
+        except (OSError, HandshakeRefused, *_BROKEN, TimeoutError) as error:
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
-        connection = cls(ws, welcome.get("node", url), nursery, welcome.get("check_times", False))
-        nursery.start_soon(connection._send_loop)
+        connection = cls(ws, welcome.get("node", url), tasks, welcome.get("check_times", False))
+        tasks.start_soon(connection._send_loop)
         return connection
 
     async def call(self, request: dict) -> object:
         """Send `request` and wait for its answer; its result, or the error it carries."""
         if self._broken or self._retired:  # (the client asks `closed` first)
             raise ConnectionLost("the connection is closed")
-        slot = self._waiting[request["id"]] = _Slot(request["id"])
+        slot = self._waiting[request["id"]] = self._slot(request["id"])
         self._outbox.append(request)
         if request["op"] == "heartbeat":
-            self._beats[request["id"]] = trio.current_time()
+            self._beats[request["id"]] = anyio.current_time()
         try:
             if len(self._waiting) == 1 and not self._sending:
                 # Alone: no frame to share, so no reason to wake the sender.
@@ -120,8 +166,7 @@ class Connection:
             while slot.answer is None and not self._broken and not slot.lost:
                 if self._reading:
                     self._sleepers.append(slot)
-                    slot.sleeper = trio.lowlevel.current_task()
-                    await trio.lowlevel.wait_task_rescheduled(slot.abort)
+                    await slot.sleep()
                 else:
                     await self._read_until(slot)
         finally:
@@ -151,7 +196,7 @@ class Connection:
         """Leave the connection now (its callers get `ConnectionLost`); it closes in the
         background."""
         self._fail_all()
-        self._nursery.start_soon(trio.aclose_forcefully, self._ws)
+        self._tasks.start_soon(anyio.aclose_forcefully, self._ws)
 
     def retire(self) -> None:
         """Leave the connection for new calls, and its calls on their way (they get
@@ -174,7 +219,7 @@ class Connection:
     async def _send_loop(self) -> None:
         while not self._broken:
             await self._ready.wait()
-            self._ready = trio.Event()
+            self._ready = anyio.Event()
             if not self._sending:
                 await self._send()
 
@@ -239,10 +284,10 @@ class Connection:
         before anything is sent; one that comes while the socket is full may leave half a
         frame on the wire, so then the connection is dropped (the client makes another). A
         shielding cancel scope would cost more than the rest of a call."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await anyio.lowlevel.checkpoint_if_cancelled()
         try:
             await self._send()
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             self.abandon()
             raise
 
@@ -252,7 +297,7 @@ class Connection:
         try:
             # `retire` cancels a reader whose call it gave up; only the read awaits, so no frame
             # is left half handled.
-            with trio.CancelScope() as self._read_scope:
+            with anyio.CancelScope() as self._read_scope:
                 while slot.answer is None and not slot.lost:
                     frame = await self._ws.get_message()
                     for answer in msgpack.unpackb(frame, strict_map_key=False):

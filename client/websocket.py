@@ -3,7 +3,8 @@
 What the client needs of the protocol and no more: binary messages (fragmented or not) up to
 `MAX_MESSAGE`, ping answered with pong, the closing handshake. The framing is a sans-IO part
 (`handshake_request`, `accept_handshake`, `FrameReader`, `frame`: bytes in, events or bytes
-out) and a thin trio shell (`WebSocket`, `connect`).
+out) and a thin shell on anyio's byte streams (`WebSocket`, `open_websocket`), so under
+asyncio and trio alike.
 
 Why not trio-websocket here, as on the node: it reads each connection in a task of its own,
 hands every message on through a memory channel, and takes a lock (a trip through the
@@ -23,7 +24,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import trio
+import anyio
+from anyio.abc import ByteStream
 
 MAX_MESSAGE = 1024 * 1024  # as trio-websocket's default, and the node's own frame limit
 MAX_HANDSHAKE = 16 * 1024
@@ -220,17 +222,20 @@ class FrameReader:
         raise ProtocolError(CLOSE_PROTOCOL_ERROR, f"unknown opcode {opcode}")
 
 
-# -- the trio shell ----------------------------------------------------------------------------
+# -- the shell -----------------------------------------------------------------------------------
+
+# What a broken or closed stream raises.
+_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
 
 class WebSocket:
     """An open WebSocket. `get_message` is for one caller at a time (the client's reading
     baton); sends may overlap (a pong while a message goes out)."""
 
-    def __init__(self, stream: trio.abc.Stream, reader: FrameReader) -> None:
+    def __init__(self, stream: ByteStream, reader: FrameReader) -> None:
         self._stream = stream
         self._reader = reader
-        self._send_lock = trio.Lock()
+        self._send_lock = anyio.Lock()
         self.closed: str | None = None  # why, once closed
 
     async def send_message(self, message: bytes) -> None:
@@ -257,44 +262,44 @@ class WebSocket:
                 await self._close(code, "", f"closed by the server ({event.code} {event.reason})")
             else:
                 try:
-                    data = await self._stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                    data, why = b"", f"the connection broke: {error!r}"
-                else:
+                    data = await self._stream.receive(RECEIVE_SIZE)
+                except anyio.EndOfStream:
                     why = "the server closed the connection"
-                if not data:
-                    self.closed = self.closed or why
-                    await trio.aclose_forcefully(self._stream)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
+                    why = f"the connection broke: {error!r}"
+                else:
+                    self._reader.feed(data)
                     continue
-                self._reader.feed(data)
+                self.closed = self.closed or why
+                await anyio.aclose_forcefully(self._stream)
 
     async def aclose(self) -> None:
         if self.closed is None:
             await self._close(CLOSE_NORMAL, "", "closed by the client")
         else:
-            await trio.aclose_forcefully(self._stream)
+            await anyio.aclose_forcefully(self._stream)
 
     async def _close(self, code: int, reason: str, why: str) -> None:
         """Send a close frame (as far as the socket takes it in `CLOSE_TIMEOUT`), then close."""
         self.closed = self.closed or why
         payload = code.to_bytes(2, "big") + reason.encode()[:123]
         try:
-            with trio.move_on_after(CLOSE_TIMEOUT):
+            with anyio.move_on_after(CLOSE_TIMEOUT):
                 await self._send(frame(CLOSE, payload, os.urandom(4)))
         except WebSocketClosed:
             pass
         finally:
-            await trio.aclose_forcefully(self._stream)
+            await anyio.aclose_forcefully(self._stream)
 
     async def _send(self, data: bytes) -> None:
         # The usual case, nobody else sending, without a trip through the scheduler.
         try:
             self._send_lock.acquire_nowait()
-        except trio.WouldBlock:
+        except anyio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            await self._stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            await self._stream.send(data)
+        except _BROKEN as error:
             self.closed = self.closed or f"the connection broke: {error!r}"
             raise WebSocketClosed(self.closed) from None
         finally:
@@ -318,35 +323,40 @@ async def open_websocket(
     secure = parts.scheme == "wss"
     port = parts.port or (443 if secure else 80)
     if secure:
-        stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-            parts.hostname, port, ssl_context=ssl_context or ssl.create_default_context()
+        stream: ByteStream = await anyio.connect_tcp(
+            parts.hostname,
+            port,
+            ssl_context=ssl_context or ssl.create_default_context(),
+            tls_standard_compatible=False,  # the WebSocket's close ends the conversation
         )
     else:
-        stream = await trio.open_tcp_stream(parts.hostname, port)
+        stream = await anyio.connect_tcp(parts.hostname, port)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return await handshake(stream, parts.netloc.rsplit("@", 1)[-1], target, headers)
 
 
 async def handshake(
-    stream: trio.abc.Stream, host: str, target: str, headers: Sequence[tuple[str, str]] = ()
+    stream: ByteStream, host: str, target: str, headers: Sequence[tuple[str, str]] = ()
 ) -> WebSocket:
     """The opening handshake over `stream` (closed if it fails)."""
     try:
         request, accept = handshake_request(host, target, headers)
-        await stream.send_all(request)
+        await stream.send(request)
         received = b""
         while b"\r\n\r\n" not in received:
             if len(received) > MAX_HANDSHAKE:
                 raise HandshakeRefused("the server's answer to the handshake is too long")
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                raise HandshakeRefused("the server closed the connection during the handshake")
-            received += data
+            try:
+                received += await stream.receive(RECEIVE_SIZE)
+            except anyio.EndOfStream:
+                raise HandshakeRefused(
+                    "the server closed the connection during the handshake"
+                ) from None
         head, _, rest = received.partition(b"\r\n\r\n")
         accept_handshake(head, accept)
         reader = FrameReader()
         reader.feed(rest)
         return WebSocket(stream, reader)
     except BaseException:
-        await trio.aclose_forcefully(stream)
+        await anyio.aclose_forcefully(stream)
         raise

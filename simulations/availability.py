@@ -36,7 +36,7 @@ import math
 import msgpack
 import trio
 
-from sluicegate.client.websocket import WebSocket, handshake
+from sluicegate.client.websocket import WebSocket
 
 from .cluster import PORT
 from .history import Event
@@ -149,7 +149,7 @@ class Probe:
         address = f"{node_id}:{PORT}"
         try:
             with trio.move_on_after(CONNECT_LIMIT):
-                ws = await handshake(await self._network.connect(PLACE, address), address, "/ws")
+                ws = await self._network.open_websocket(PLACE, address)
                 await ws.send_message(msgpack.packb({"hello": 1}))
                 await ws.get_message()  # the welcome
                 self._connections[node_id] = ws

@@ -30,8 +30,11 @@ import random
 from collections import deque
 from collections.abc import Callable
 
+import anyio
 import trio
 import trio.testing
+
+from sluicegate.client.websocket import WebSocket, handshake
 
 # Takes the server end of a new connection (and serves it in a task of its own).
 Accept = Callable[[trio.abc.Stream], None]
@@ -216,6 +219,10 @@ class SimNetwork:
         accept(trio.StapledStream(back.send, there.receive))
         return trio.StapledStream(there.send, back.receive)
 
+    async def open_websocket(self, source: str, address: str) -> WebSocket:
+        """The client's WebSocket from `source` to the node at `address` (its `/ws`)."""
+        return await handshake(_ClientStream(await self.connect(source, address)), address, "/ws")
+
     async def run(self) -> None:
         """Deliver delayed and held bytes when they are due (runs as long as the network)."""
         while True:
@@ -304,3 +311,36 @@ class SimNetwork:
         for connection in [c for c in self._connections if which(c)]:
             connection.sever()
             self._connections.remove(connection)
+
+
+class _ClientStream(anyio.abc.ByteStream):
+    """A trio stream of the network as anyio's byte stream, the kind the client's WebSocket
+    reads and writes (it runs under asyncio too)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._stream = stream
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self._stream.receive_some(max_bytes)
+        except trio.BrokenResourceError as error:
+            raise anyio.BrokenResourceError from error
+        except trio.ClosedResourceError as error:
+            raise anyio.ClosedResourceError from error
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def send(self, item: bytes) -> None:
+        try:
+            await self._stream.send_all(item)
+        except trio.BrokenResourceError as error:
+            raise anyio.BrokenResourceError from error
+        except trio.ClosedResourceError as error:
+            raise anyio.ClosedResourceError from error
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -28,7 +28,6 @@ import trio
 import trio.testing
 
 from sluicegate.client.client import Client
-from sluicegate.client.websocket import handshake
 from sluicegate.node.config import NodeConfig, parse_config
 
 from . import workload
@@ -358,7 +357,7 @@ async def _settles(cluster: _Cluster, network: SimNetwork, history: History, see
 
     async def open_websocket(url: str):
         address = url.split("//", 1)[1].split("/", 1)[0]
-        return await handshake(await network.connect("probe", address), address, "/ws")
+        return await network.open_websocket("probe", address)
 
     probe = Client(
         [url + "/ws" for url in cluster.urls()],

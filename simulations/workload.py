@@ -26,7 +26,6 @@ import msgpack
 import trio
 
 from sluicegate.client.client import Client
-from sluicegate.client.websocket import handshake
 
 from .history import History
 from .network import SimNetwork
@@ -228,8 +227,7 @@ async def client(
     async def open_websocket(url: str):
         nonlocal current
         address = url.split("//", 1)[1].split("/", 1)[0]
-        stream = await network.connect(name, address)
-        ws = await handshake(stream, address, "/ws")
+        ws = await network.open_websocket(name, address)
         history.note(f"{name} connected to {address}")
         current = Tap(ws, name, address.split(":")[0], history, network).replaces(current)
         return current

@@ -25,3 +25,18 @@ def shared_node(tmp_path_factory):
     """One node process for a whole module of tests that do not disturb each other."""
     with NodeProcess(NODE_CONFIG, workdir=tmp_path_factory.mktemp("node")) as process:
         yield process
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request) -> str:
+    """Tests marked `anyio` (the client's) run under asyncio and under trio."""
+    return request.param
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Tests marked `anyio` run on the backends of their `anyio_backend` (anyio's plugin), not
+    under pytest-trio, whose trio mode takes every async test."""
+    for item in items:
+        if item.get_closest_marker("anyio") is not None:
+            item.own_markers[:] = [mark for mark in item.own_markers if mark.name != "trio"]

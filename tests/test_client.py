@@ -9,9 +9,8 @@ import threading
 import time
 from datetime import timedelta
 
+import anyio
 import pytest
-import trio
-from trio.testing import wait_all_tasks_blocked
 
 from sluicegate import client as sg
 from sluicegate.client.connection import Connection
@@ -19,13 +18,15 @@ from sluicegate.client.connection import Connection
 from .conftest import NODE_CONFIG
 from .nodes import NodeProcess
 
-pytestmark = pytest.mark.process
+# Every async test runs under asyncio and under trio (conftest.py, `anyio_backend`).
+pytestmark = [pytest.mark.process, pytest.mark.anyio]
+
 
 TIMEOUT = 20
 
 
 async def test_a_lock_holds_count_and_token_and_is_released_on_exit(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
             async with client.lock("C", count=3) as lease:
                 assert lease.fencing_token is not None and not lease.lost
@@ -36,7 +37,7 @@ async def test_a_lock_holds_count_and_token_and_is_released_on_exit(node):
 
 
 async def test_nested_locks_follow_the_levels(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
             async with client.lock("B"):  # level 1
                 async with client.lock("A"):  # level 0: lower, fine
@@ -51,17 +52,17 @@ async def test_nested_locks_follow_the_levels(node):
 
 
 async def test_tasks_of_one_client_have_their_own_hierarchies(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
-            holding_a = trio.Event()
-            done = trio.Event()
+            holding_a = anyio.Event()
+            done = anyio.Event()
 
             async def hold_a():
                 async with client.lock("A"):
                     holding_a.set()
                     await done.wait()
 
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 nursery.start_soon(hold_a)
                 await holding_a.wait()
                 # Another task of the same client: B (level 1) after A is no deadlock here.
@@ -71,24 +72,24 @@ async def test_tasks_of_one_client_have_their_own_hierarchies(node):
 
 
 async def test_a_lock_not_granted_in_time_times_out_and_leaves_no_waiter(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as holder, await sg.connect(node.url) as other:
             async with holder.lock("A"):
-                started = trio.current_time()
+                started = anyio.current_time()
                 with pytest.raises(sg.LockTimeout):
                     async with other.lock("A", timeout=0.5):
                         pass
-                assert 0.4 < trio.current_time() - started < 3
+                assert 0.4 < anyio.current_time() - started < 3
             # The timed-out waiter was withdrawn: the next one is granted at once.
             async with other.lock("A", timeout=2):
                 pass
 
 
 async def test_a_cancelled_wait_leaves_no_lock_behind(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as holder, await sg.connect(node.url) as other:
             async with holder.lock("A"):
-                with trio.move_on_after(0.3):
+                with anyio.move_on_after(0.3):
                     async with other.lock("B"):
                         async with other.lock("A"):  # waits, and is cancelled
                             pytest.fail("A is held")
@@ -109,12 +110,12 @@ async def test_many_tasks_lock_through_one_client_and_never_exceed_max(node):
             async with client.lock("C", timeout=15):
                 inside += 1
                 most = max(most, inside)
-                await trio.sleep(0.01)
+                await anyio.sleep(0.01)
                 inside -= 1
 
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 for _ in range(12):
                     nursery.start_soon(worker, client)
             assert await client.remainder("C") == 5
@@ -122,7 +123,7 @@ async def test_many_tasks_lock_through_one_client_and_never_exceed_max(node):
 
 
 async def test_concurrent_requests_of_one_client_share_frames(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
             results = []
 
@@ -130,62 +131,66 @@ async def test_concurrent_requests_of_one_client_share_frames(node):
                 results.append(await client.remainder("C"))
 
             frames_before = client.connection.frames_sent
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 for _ in range(200):
                     nursery.start_soon(ask)
             assert results == [5] * 200
             assert client.connection.frames_sent - frames_before <= 20  # not one frame each
 
 
-async def test_callers_take_turns_reading_even_when_the_reader_is_cancelled(node, nursery):
+async def test_callers_take_turns_reading_even_when_the_reader_is_cancelled(node):
     """Whoever waits reads the socket for everyone; a reader cancelled mid-wait hands reading
     over, so the callers still waiting get their answers."""
-    with trio.fail_after(TIMEOUT):
-        connection = await Connection.open(nursery, node.url.replace("http", "ws") + "/ws")
-        ids = iter(range(1, 1000))
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tasks:
+            connection = await Connection.open(tasks, node.url.replace("http", "ws") + "/ws")
+            ids = iter(range(1, 1000))
 
-        async def call(**request) -> object:
-            return await connection.call({"id": next(ids), **request})
+            async def call(**request) -> object:
+                return await connection.call({"id": next(ids), **request})
 
-        holder, reader, sleeper = [await call(op="new_peer", expires_in=60) for _ in range(3)]
-        await call(op="acquire", peer=holder, semaphore="B")  # level 1, then level 0
-        await call(op="acquire", peer=holder, semaphore="A")
-        waiting = trio.CancelScope()
-        answers = []
+            holder, reader, sleeper = [await call(op="new_peer", expires_in=60) for _ in range(3)]
+            await call(op="acquire", peer=holder, semaphore="B")  # level 1, then level 0
+            await call(op="acquire", peer=holder, semaphore="A")
+            waiting = anyio.CancelScope()
+            answers = []
 
-        async def wait_as_reader() -> None:
-            with waiting:
-                await call(op="acquire", peer=reader, semaphore="A", wait=30)
+            async def wait_as_reader() -> None:
+                with waiting:
+                    await call(op="acquire", peer=reader, semaphore="A", wait=30)
 
-        async def wait_as_sleeper() -> None:
-            answers.append(await call(op="acquire", peer=sleeper, semaphore="B", wait=30))
+            async def wait_as_sleeper() -> None:
+                answers.append(await call(op="acquire", peer=sleeper, semaphore="B", wait=30))
 
-        nursery.start_soon(wait_as_reader)
-        await wait_all_tasks_blocked()
-        nursery.start_soon(wait_as_sleeper)
-        await wait_all_tasks_blocked()
-        # The reader read this answer for the asking task, and is still reading.
-        assert await call(op="remainder", semaphore="C") == 5
-        waiting.cancel()
-        await call(op="release", peer=holder, semaphore="B")
-        while not answers:
-            await trio.sleep(0.01)
-        assert answers[0]["acquired"] is True
-        assert not connection.closed
+            tasks.start_soon(wait_as_reader)
+            await anyio.wait_all_tasks_blocked()
+            tasks.start_soon(wait_as_sleeper)
+            await anyio.wait_all_tasks_blocked()
+            # The reader read this answer for the asking task, and is still reading.
+            assert await call(op="remainder", semaphore="C") == 5
+            waiting.cancel()
+            await call(op="release", peer=holder, semaphore="B")
+            while not answers:
+                await anyio.sleep(0.01)
+            assert answers[0]["acquired"] is True
+            assert not connection.closed
+            tasks.cancel_scope.cancel()
 
 
-async def test_a_call_cancelled_before_it_is_sent_leaves_the_connection_whole(node, nursery):
-    with trio.fail_after(TIMEOUT):
-        connection = await Connection.open(nursery, node.url.replace("http", "ws") + "/ws")
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            await connection.call({"id": 1, "op": "remainder", "semaphore": "C"})
-        assert not connection.closed
-        assert await connection.call({"id": 2, "op": "remainder", "semaphore": "C"}) == 5
+async def test_a_call_cancelled_before_it_is_sent_leaves_the_connection_whole(node):
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tasks:
+            connection = await Connection.open(tasks, node.url.replace("http", "ws") + "/ws")
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await connection.call({"id": 1, "op": "remainder", "semaphore": "C"})
+            assert not connection.closed
+            assert await connection.call({"id": 2, "op": "remainder", "semaphore": "C"}) == 5
+            tasks.cancel_scope.cancel()
 
 
 async def test_a_node_that_lost_its_memory_gets_the_locks_restored(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url, expires_in=1.5) as client:
             async with client.lock("C", count=2) as lease:
                 node.kill()
@@ -197,7 +202,7 @@ async def test_a_node_that_lost_its_memory_gets_the_locks_restored(node):
                             break
                     except sg.Unavailable:
                         pass
-                    await trio.sleep(0.1)
+                    await anyio.sleep(0.1)
                 assert not lease.lost
             assert await client.remainder("C") == 5
 
@@ -206,7 +211,7 @@ async def test_the_next_url_is_used_when_a_node_is_down(tmp_path, caplog):
     with NodeProcess(NODE_CONFIG, workdir=tmp_path / "up") as up:
         with NodeProcess(NODE_CONFIG, workdir=tmp_path / "down") as down:
             dead_url = down.url
-        with trio.fail_after(TIMEOUT):
+        with anyio.fail_after(TIMEOUT):
             async with await sg.connect([dead_url, up.url]) as client:
                 async with client.lock("A"):
                     assert client.node == f"127.0.0.1:{up.port}"
@@ -218,14 +223,14 @@ async def test_the_next_url_is_used_when_a_node_is_down(tmp_path, caplog):
 
 
 async def test_a_lock_decorates_an_async_function(shared_node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(shared_node.url) as client:
 
             @client.lock("C", count=2)
             async def left_inside() -> int:
                 return await client.remainder("C")
 
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 for _ in range(3):  # each call holds a lock of its own: 2 + 2 would be 1 left
                     nursery.start_soon(left_inside)
             assert await left_inside() == 3
@@ -332,14 +337,14 @@ def test_a_forked_child_locks_with_a_client_of_its_own(node):
 
 
 async def test_a_lease_that_cannot_be_kept_cancels_the_body_and_raises(node):
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url, expires_in=1.5) as client:
             reached_the_end = False
             with pytest.raises(sg.LeaseLost):
                 async with client.lock("A") as lease:
                     node.signal(signal.SIGSTOP)  # no heartbeat reaches it any more
                     try:
-                        await trio.sleep(10)
+                        await anyio.sleep(10)
                         reached_the_end = True
                     finally:
                         node.signal(signal.SIGCONT)

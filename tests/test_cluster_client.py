@@ -1,11 +1,12 @@
 """sluicegate's own client against three real nodes behind real HAProxy: many tasks locking at
-once, the blocking API from threads, the node a client talks to killed mid-lock, and the whole
-cluster restarted under held locks."""
+once, the blocking API from threads, the node a client talks to killed mid-lock (under asyncio
+and under trio), and the whole cluster restarted under held locks."""
 
 from __future__ import annotations
 
 import threading
 
+import anyio
 import pytest
 import trio
 
@@ -70,16 +71,17 @@ def test_the_blocking_api_from_threads_through_the_balancer(cluster):  # noqa: F
     assert held == sorted(held) and len(set(held)) == 12  # A is a mutex: one grant at a time
 
 
+@pytest.mark.anyio  # under asyncio and under trio
 async def test_the_node_a_holder_talks_to_is_killed_and_the_lease_holds(cluster):  # noqa: F811
     nodes, balancer = cluster
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(ws(balancer), expires_in=3) as holder:
             async with holder.lock("C", count=3) as lease:
                 victim = nodes[holder.node]  # the node ids of the cluster fixture
                 victim.kill()
                 async with await sg.connect(ws(balancer)) as other:
                     # The holder reconnects elsewhere and keeps heartbeating: nothing beyond max.
-                    await trio.sleep(4)
+                    await anyio.sleep(4)
                     assert not lease.lost
                     assert await other.remainder("C") == 2
                     async with other.lock("C", count=2, timeout=20) as second:

@@ -312,6 +312,7 @@ def test_the_installed_packages_say_their_annotations_are_theirs(tmp_path):
 
 # The `node` extra's distributions, and the module each is imported as.
 NODE_MODULES = {
+    "trio": "trio",
     "trio-websocket": "trio_websocket",
     "hypercorn": "hypercorn",
     "prometheus-client": "prometheus_client",
@@ -321,20 +322,21 @@ NODE_MODULES = {
 
 
 def test_the_client_needs_nothing_of_the_nodes_stack():
-    """`pip install sluicegate` is the client: trio and msgpack. The node's dependencies are the
-    `node` extra, and the client imports none of them."""
+    """`pip install sluicegate` is the client: anyio and msgpack. The node's dependencies are
+    the `node` extra (trio among them: an asyncio application need not have it), and the
+    client imports none of them."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
     def names(requirements: list[str]) -> set[str]:
         return {re.split(r"[<>=\[ ]", requirement)[0] for requirement in requirements}
 
-    assert names(project["dependencies"]) == {"trio", "msgpack"}
+    assert names(project["dependencies"]) == {"anyio", "msgpack"}
     assert names(project["optional-dependencies"]["node"]) == set(NODE_MODULES)
     loaded = "import sys, sluicegate.client; print(*{m.split('.')[0] for m in sys.modules})"
     imported = subprocess.run(
         [sys.executable, "-c", loaded], check=True, capture_output=True, text=True, timeout=60
     ).stdout.split()
-    assert "trio" in imported
+    assert "anyio" in imported
     assert not set(NODE_MODULES.values()) & set(imported)
 
 
@@ -364,7 +366,7 @@ def test_the_wheel_installs_the_client_alone_into_a_fresh_venv(tmp_path):
     installed = subprocess.run(
         [python, "-c", listed], check=True, capture_output=True, text=True, timeout=60
     ).stdout.split()
-    assert "sluicegate" in installed and {"trio", "msgpack"} <= set(installed)
+    assert "sluicegate" in installed and {"anyio", "msgpack"} <= set(installed)
     assert not set(NODE_MODULES) & set(installed)
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert (site / "sluicegate-0.1.0.dist-info" / "licenses" / "LICENSE").is_file()

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 
+import anyio
 import msgpack
 import pytest
 import trio
@@ -17,6 +18,7 @@ from sluicegate import client as sg
 from .nodes import NodeProcess
 
 pytestmark = pytest.mark.process
+
 
 TIMEOUT = 20
 
@@ -146,10 +148,11 @@ async def test_ws_a_retried_check_gets_the_go_its_first_try_got(node):
     ]
 
 
-async def test_equal_checks_of_many_tasks_go_as_one_request_each_answered(node):
+@pytest.mark.anyio
+async def test_equal_checks_of_many_tasks_go_as_one_request_each_answered(node, anyio_backend):
     sent: list[list[dict]] = []
     decisions = []
-    with trio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
             await client.check("api", key="warm-up")
             ws = client._connection._ws
@@ -164,36 +167,37 @@ async def test_equal_checks_of_many_tasks_go_as_one_request_each_answered(node):
             async def caller(key: str) -> None:
                 decisions.append((key, await client.check("api", key=key)))
 
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 for i in range(40):
-                    nursery.start_soon(caller, "many" if i % 8 else "other")
+                    nursery.start_soon(caller, anyio_backend + ("many" if i % 8 else "other"))
     requests = [request for frame in sent for request in frame]
     assert len(requests) < 40  # runs of equal checks went as one
     assert sum(request.get("times", 1) for request in requests) == 40
     # Each call has a retry id of its own, sent with its run's.
     retry_ids = [i for r in requests for i in r.get("retry_ids", [r.get("retry_id")])]
     assert len(set(retry_ids)) == 40 and None not in retry_ids
-    for key in ("many", "other"):
+    for key in (anyio_backend + "many", anyio_backend + "other"):
         went = sorted(d.remaining for k, d in decisions if k == key and d.go)
         assert went == [0, 1, 2]  # capacity 3: exactly three, each with its own answer
 
 
-async def test_the_client_checks_waits_and_decorates(node):
-    with trio.fail_after(TIMEOUT):
+@pytest.mark.anyio
+async def test_the_client_checks_waits_and_decorates(node, anyio_backend):
+    with anyio.fail_after(TIMEOUT):
         async with await sg.connect(node.url) as client:
-            assert (await client.check("crawl", key="c1")).go
-            assert (await client.check("crawl", key="c1")).go
-            sorry = await client.check("crawl", key="c1")
+            assert (await client.check("crawl", key=anyio_backend + "c1")).go
+            assert (await client.check("crawl", key=anyio_backend + "c1")).go
+            sorry = await client.check("crawl", key=anyio_backend + "c1")
             assert not sorry.go and 0 < sorry.retry_after <= 0.3
 
             admitted = []
 
-            @client.rate_limited("crawl", key="c2")
+            @client.rate_limited("crawl", key=anyio_backend + "c2")
             async def fetch(url: str) -> str:
-                admitted.append(trio.current_time())
+                admitted.append(anyio.current_time())
                 return url.upper()
 
-            started = trio.current_time()
+            started = anyio.current_time()
             assert [await fetch(f"u{i}") for i in range(5)] == [f"U{i}" for i in range(5)]
             # Two per 300 ms, and any three span more than 300 ms (at the node; seen here, each
             # admission a little later, by as much as its answer took to come: a few ms).
@@ -202,9 +206,9 @@ async def test_the_client_checks_waits_and_decorates(node):
                 assert third - first > 0.3 - 0.02
 
             with pytest.raises(sg.RateLimited):
-                async with client.rate_limited("api", key="c3", n=3):
+                async with client.rate_limited("api", key=anyio_backend + "c3", n=3):
                     pass
-                async with client.rate_limited("api", key="c3", timeout=0.2):
+                async with client.rate_limited("api", key=anyio_backend + "c3", timeout=0.2):
                     pass
             with pytest.raises(sg.UnknownLimiter):
                 await client.check("nope")
