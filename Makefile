@@ -1,6 +1,6 @@
 # `make run` and `make test` do all set-up on a fresh machine: they create .venv and install into it.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 # Reinstall whenever the package metadata changes.
 INSTALLED := $(VENV)/.installed

@@ -313,6 +313,8 @@ def test_two_asyncio_tasks_in_one_thread_take_a_peer_each(node):
         assert peer_a != peer_b
 
 
+# Python 3.12 and later warn of exactly what this tests: fork in a process with threads.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_locks_with_a_client_of_its_own(node):
     with sg.lock(node.url, "A", timeout=5):  # the parent's client runs, and holds A
         pid = os.fork()
