@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -18,6 +19,7 @@ from .gc_pauses import GC_PAUSES
 from .logs import FORMATS, choose_level, clip, setup_logging
 from .server import run_node
 from .settings import add_flags, apply, given
+from .tls import from_config as tls_from_config
 
 log = logging.getLogger("sluicegate.node")
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if chosen:
             notice = None  # no file, but flags or variables: not an empty configuration
         check_cluster(config, args.address)
+        tls = tls_from_config(config.tls)
         flag_level = (
             parse_section("logging", {"stderr": {"level": args.log_level}}, "--log-level")
             if args.log_level
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(700, 10, 100)
     GC_PAUSES.watch()
     try:
-        trio.run(run_node, config, args.address, port)
+        trio.run(partial(run_node, tls=tls), config, args.address, port)
     except* OSError as group:
         bind_error = group.exceptions[0]
     if bind_error is not None:

@@ -15,6 +15,8 @@ pages are open, a node asks each member at most once a `FRESH`, one connection a
 from __future__ import annotations
 
 import json
+import ssl
+from collections.abc import Callable
 
 import h11
 import trio
@@ -31,13 +33,24 @@ class NoAnswer(Exception):
     """A member's status could not be had; the message says why."""
 
 
-async def get_json(address: str, path: str, timeout: float, most: int = MOST) -> object:
-    """GET `path` from `address` (host:port) over HTTP/1.1, within `timeout`: the JSON of a
-    200 answer; `NoAnswer` otherwise."""
+async def get_json(
+    address: str,
+    path: str,
+    timeout: float,
+    most: int = MOST,
+    tls: Callable[[], ssl.SSLContext] | None = None,
+) -> object:
+    """GET `path` from `address` (host:port) over HTTP/1.1, within `timeout` (over TLS with
+    the context `tls()` gives, if given): the JSON of a 200 answer; `NoAnswer` otherwise."""
     host, _, port = address.rpartition(":")
     try:
         with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+            if tls is None:
+                stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+            else:
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host.strip("[]"), int(port), ssl_context=tls(), https_compatible=True
+                )
             async with stream:
                 return json.loads(await _exchange(stream, address, path, most))
     except trio.TooSlowError:
@@ -46,7 +59,7 @@ async def get_json(address: str, path: str, timeout: float, most: int = MOST) ->
         raise NoAnswer(str(error) or type(error).__name__) from None
 
 
-async def _exchange(stream: trio.SocketStream, address: str, path: str, most: int) -> bytes:
+async def _exchange(stream: trio.abc.Stream, address: str, path: str, most: int) -> bytes:
     connection = h11.Connection(h11.CLIENT)
     request = h11.Request(
         method="GET", target=path, headers=[("host", address), ("connection", "close")]
@@ -72,18 +85,21 @@ async def _exchange(stream: trio.SocketStream, address: str, path: str, most: in
 
 
 async def members_status(
-    members: list[dict], me: str, timeout: float = MEMBER_TIMEOUT
+    members: list[dict],
+    me: str,
+    timeout: float = MEMBER_TIMEOUT,
+    tls: Callable[[], ssl.SSLContext] | None = None,
 ) -> list[dict]:
     """For every member of `members` (`MembershipActor.report` rows) that is up, other than
     `me`, by id: `{"id", "status"}` with its answer, or `{"id", "error"}` saying why there is
-    none."""
+    none. `tls`: as for `get_json`."""
     asked = sorted(m["id"] for m in members if m["state"] == "up" and m["id"] != me)
     address = {m["id"]: m["address"] for m in members}
     found: dict[str, dict] = {}
 
     async def ask(node_id: str) -> None:
         try:
-            answer = await get_json(address[node_id], "/status.json", timeout)
+            answer = await get_json(address[node_id], "/status.json", timeout, tls=tls)
             found[node_id] = {"id": node_id, "status": answer}
         except NoAnswer as error:
             found[node_id] = {"id": node_id, "error": str(error)}

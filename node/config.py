@@ -41,6 +41,17 @@ cold_start_grace = "0s"           # after a cold start of the whole cluster: res
 rate_gossip_interval = "50ms"     # how often rate limiters in gossip mode share their "go"s
 ```
 
+TLS on the node's port, for clients and for the other nodes (README, "Security"):
+
+```toml
+[tls]
+certificate = "/etc/sluicegate/node.pem"  # the node's certificate chain (PEM)
+key = "/etc/sluicegate/node-key.pem"      # its private key (PEM)
+ca = "/etc/sluicegate/cluster-ca.pem"     # signs the nodes' certificates: links verify with it
+client_ca = "/etc/sluicegate/clients.pem" # clients must show a certificate it signs (mutual TLS)
+minimum_version = "1.2"                   # or "1.3"
+```
+
 Bounds on what clients can make a node hold (README, "Limits"):
 
 ```toml
@@ -111,6 +122,24 @@ class ClusterConfig:
     rate_gossip_interval: float = 0.05
 
 
+TLS_VERSIONS = ("1.2", "1.3")
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Paths of PEM files: none (plain text), or a certificate and its key at least."""
+
+    certificate: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    client_ca: str | None = None
+    minimum_version: str = "1.2"
+
+    @property
+    def on(self) -> bool:
+        return self.certificate is not None
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     semaphores: dict[str, SemaphoreConfig] = field(default_factory=dict)
@@ -118,6 +147,7 @@ class NodeConfig:
     log_level: str | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     limits: Limits = field(default_factory=Limits)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 def definitions_digest(config: NodeConfig) -> str:
@@ -146,12 +176,13 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
         log_level=_log_level(doc.get("logging", {}), source),
         cluster=_cluster(doc.get("cluster", {}), source),
         limits=_limits(doc.get("limits", {}), source),
+        tls=_tls(doc.get("tls", {}), source),
     )
 
 
 def parse_section(name: str, table: object, source: str) -> object:
-    """One section of the file (`semaphores`, `rate_limits`, `logging`, `cluster`, `limits`)
-    checked by the file's rules: what `parse_config` makes of it."""
+    """One section of the file (`semaphores`, `rate_limits`, `logging`, `cluster`, `limits`,
+    `tls`) checked by the file's rules: what `parse_config` makes of it."""
     return _SECTIONS[name](table, source)
 
 
@@ -340,6 +371,25 @@ def _limits(table: object, source: str) -> Limits:
     return Limits(**limits)
 
 
+def _tls(table: object, source: str) -> TlsConfig:
+    """Each setting by itself (a flag may give one alone); how they go together, and whether
+    the files hold what they should, node/tls.py checks when the node starts."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [tls] must be a table")
+    for key, value in table.items():
+        if key not in TlsConfig.__dataclass_fields__:
+            raise ConfigError(f"{source}: tls.{key} is not a TLS setting")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{source}: tls.{key} must be a non-empty string")
+    tls = TlsConfig(**table)
+    if tls.minimum_version not in TLS_VERSIONS:
+        raise ConfigError(
+            f"{source}: tls.minimum_version must be one of {', '.join(TLS_VERSIONS)}, "
+            f"found {tls.minimum_version!r}"
+        )
+    return tls
+
+
 def _duration(
     table: dict, key: str, default: float, source: str, zero_ok=False, prefix: str = "cluster"
 ) -> float:
@@ -363,4 +413,5 @@ _SECTIONS = {
     "logging": _log_level,
     "cluster": _cluster,
     "limits": _limits,
+    "tls": _tls,
 }

@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import logging
 import random
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -447,11 +448,15 @@ DIAL_ERRORS = (
 )
 
 
-async def websocket_dialer(nursery: trio.Nursery, address: str) -> MessageConnection:
-    """Dial another node's `/cluster` route over a real socket."""
+async def websocket_dialer(
+    nursery: trio.Nursery, address: str, tls: Callable[[], ssl.SSLContext] | None = None
+) -> MessageConnection:
+    """Dial another node's `/cluster` route over a real socket (over TLS with the context
+    `tls()` gives, if given)."""
+    scheme, context = ("ws", None) if tls is None else ("wss", tls())
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         return await connect_websocket_url(
-            nursery, f"ws://{address}/cluster", max_message_size=MAX_FRAME
+            nursery, f"{scheme}://{address}/cluster", context, max_message_size=MAX_FRAME
         )
 
 

@@ -11,6 +11,11 @@ other bytes, and then read again by whichever server takes the connection.
 The listener holds at most `max_connections` connections; one past that is answered 503 and
 closed at once, so that no number of idle sockets can use up the node's file descriptors.
 
+With TLS (`tls` gives the context for each new connection), every connection first completes
+its TLS handshake, within `HANDSHAKE_TIMEOUT`, and everything above then reads the decrypted
+stream. One that does not (plain text, a certificate the node refuses) is closed without a word;
+one past the limit too.
+
 Hypercorn is driven through `TCPServer`, the class its own `serve` runs per connection, so the
 pinned hypercorn version matters (pyproject.toml).
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -61,22 +67,25 @@ async def serve(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
     max_connections: int = 4096,
+    tls: Callable[[], ssl.SSLContext] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `config.bind` until `shutdown_trigger` returns; then let connections finish for at
     most `config.graceful_timeout`. `websocket_route(path)` serves each WebSocket whose
-    connection begins with it; `task_status.started` gets the bound URLs."""
+    connection begins with it; `tls()`, if given, is the TLS context for a new connection;
+    `task_status.started` gets the bound URLs."""
     sockets = config.create_sockets()
     listeners, binds = [], []
+    scheme = "http" if tls is None else "https"
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)
         listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-        binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+        binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
     context = WorkerContext(None)
     asgi = wrap_app(app, config.wsgi_max_body_size, None)
     hypercorn = partial(HttpConnection, asgi, config, context, ConnectionState({}))
     connections = Connections(max_connections)
-    connection = partial(_serve_connection, connections, hypercorn, websocket_route)
+    connection = partial(_serve_connection, connections, hypercorn, websocket_route, tls)
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as accepting:
             accepting.start_soon(
@@ -137,18 +146,33 @@ async def _serve_connection(
     connections: Connections,
     hypercorn: Callable[[trio.abc.HalfCloseableStream], HttpConnection],
     websocket_route: WebSocketRoute,
+    tls: Callable[[], ssl.SSLContext] | None,
     socket_stream: trio.SocketStream,
 ) -> None:
     if connections.open >= connections.limit:
-        with trio.move_on_after(REFUSAL_TIMEOUT):
-            try:
-                await socket_stream.send_all(connections.refusal(trio.current_time()))
-            except trio.BrokenResourceError:
-                pass
+        refusal = connections.refusal(trio.current_time())
+        if tls is None:  # (a TLS client could not read it)
+            with trio.move_on_after(REFUSAL_TIMEOUT):
+                try:
+                    await socket_stream.send_all(refusal)
+                except trio.BrokenResourceError:
+                    pass
         await trio.aclose_forcefully(socket_stream)
         return
     stream = Accepted(socket_stream, connections)
     try:
+        if tls is not None:
+            secure = trio.SSLStream(socket_stream, tls(), server_side=True, https_compatible=True)
+            stream.stream = secure
+            secured = False
+            with trio.move_on_after(HANDSHAKE_TIMEOUT):
+                try:
+                    await secure.do_handshake()
+                    secured = True
+                except trio.BrokenResourceError:
+                    pass  # plain text, or a certificate refused: nothing to answer in
+            if not secured:
+                return
         await _route(hypercorn, websocket_route, stream)
     finally:
         await trio.aclose_forcefully(stream)
@@ -196,8 +220,8 @@ class Accepted(trio.abc.HalfCloseableStream):
     takes it after `read_request_start`."""
 
     def __init__(self, stream: trio.SocketStream, connections: Connections) -> None:
-        self.stream = stream
-        # Hypercorn asks a plain connection's socket for the addresses of both ends.
+        self.stream: trio.SocketStream | trio.SSLStream = stream  # (the TLS one, once it is on)
+        # Hypercorn asks a connection's socket for the addresses of both ends.
         self.socket = stream.socket
         self._first = b""
         self._connections: Connections | None = connections

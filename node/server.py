@@ -25,7 +25,8 @@ from sluicegate.cluster.slots import takeover_bound
 from .app import NodeApp
 from .clock import TRIO_CLOCK, Clock
 from .cluster_admin import ClusterAdmin
-from .config import NodeConfig, definitions_digest
+from .cluster_status import MemberStatuses, members_status
+from .config import ConfigError, NodeConfig, definitions_digest
 from .dns_discovery import DnsDiscovery, dns_resolver
 from .gc_pauses import GC_PAUSES
 from .latencies import LatencyCollector
@@ -40,6 +41,7 @@ from .semaphore_actor import SemaphoreActor
 from .semaphore_service import ClusterSemaphores, LocalSemaphores, epoch_now
 from .shard_actor import ShardActor
 from .stall_watch import watch_stalls
+from .tls import Tls
 from .wire import MAX_FRAME
 
 log = logging.getLogger("sluicegate.node")
@@ -81,9 +83,11 @@ async def run_node(
     address: str,
     port: int,
     *,
+    tls: Tls | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; `task_status.started` receives the bound URL."""
+    """Serve until SIGTERM or SIGINT, over TLS if `tls` is given (its files read again on
+    SIGHUP); `task_status.started` receives the bound URL."""
     # Fencing tokens continue above this node's previous life: its start time orders its lives.
     limits = config.limits
     actor = SemaphoreActor(
@@ -134,6 +138,10 @@ async def run_node(
         extra_metrics=metrics.render,
         limits=limits,
     )
+    server_tls = client_tls = None
+    if tls is not None:
+        server_tls, client_tls = (lambda: tls.server), (lambda: tls.client)
+        app.throttle.member_statuses = MemberStatuses(partial(members_status, tls=client_tls))
     if config.rate_limits or config.cluster.secret:
         metrics.registry.register(LatencyCollector(app.latencies))
         metrics.registry.register(GC_PAUSES)
@@ -142,6 +150,8 @@ async def run_node(
         await nursery.start(watch_stalls)
         await nursery.start(actor.run)
         await nursery.start(rate_limits.run)
+        if tls is not None:
+            await nursery.start(reload_tls_on_sighup, tls)
         async with trio.open_nursery() as http:
             binds = await http.start(
                 lambda task_status: serve(
@@ -150,6 +160,7 @@ async def run_node(
                     app.websocket_route,
                     shutdown_trigger=stopping.wait,
                     max_connections=connection_limit(limits.connections),
+                    tls=server_tls,
                     task_status=task_status,
                 )
             )
@@ -158,7 +169,12 @@ async def run_node(
             if config.cluster.secret:
                 address = config.cluster.advertise or url.split("//", 1)[1]
                 cluster = await nursery.start(
-                    partial(join_cluster, drain_asked=drain_asked, forgotten=forgotten),
+                    partial(
+                        join_cluster,
+                        dialer=partial(websocket_dialer, tls=client_tls),
+                        drain_asked=drain_asked,
+                        forgotten=forgotten,
+                    ),
                     app,
                     rate_limits,
                     metrics,
@@ -171,6 +187,20 @@ async def run_node(
         actor.close()
         nursery.cancel_scope.cancel()
     log.info("Stopped.")
+
+
+async def reload_tls_on_sighup(tls: Tls, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Read the certificate, key and CAs again on each SIGHUP (a renewed certificate): new
+    connections get them, open ones keep theirs. Files that do not load leave the old ones."""
+    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+        task_status.started()
+        async for _ in hangups:
+            try:
+                tls.reload()
+            except ConfigError as error:
+                log.error("SIGHUP: kept the TLS files loaded before, as %s", error)
+            else:
+                log.info("SIGHUP: read the TLS certificate, key and CAs again.")
 
 
 async def _stop_asked(signals, drain_asked: trio.Event, forgotten: trio.Event) -> str:

@@ -123,6 +123,24 @@ SETTINGS: tuple[Setting, ...] = (
         "rate_gossip_interval", "DURATION", "how often gossip-mode limiters share (50ms)"
     ),
     *(_limit_setting(f.name, f.default) for f in fields(Limits)),
+    *(
+        Setting(
+            "tls",
+            key,
+            TEXT,
+            "--tls-" + key.replace("_", "-"),
+            f"SLUICEGATE_TLS_{key.upper()}",
+            metavar,
+            f"[tls] {key}: {text}",
+        )
+        for key, metavar, text in (
+            ("certificate", "PATH", "the node's certificate chain (PEM); with a key, TLS is on"),
+            ("key", "PATH", "the certificate's private key (PEM)"),
+            ("ca", "PATH", "the CA of the nodes' certificates, which links verify (PEM)"),
+            ("client_ca", "PATH", "clients must show a certificate this CA signed (PEM)"),
+            ("minimum_version", "VERSION", "the oldest TLS version taken: 1.2 or 1.3 (1.2)"),
+        )
+    ),
     Setting(
         "semaphores",
         "",

@@ -6,6 +6,7 @@ import os
 import re
 import resource
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from pathlib import Path
 import msgpack
 
 STARTUP_TIMEOUT = 20.0
-_LISTENING = re.compile(r"Listening on (http://[^\s]+)")
+_LISTENING = re.compile(r"Listening on (https?://[^\s]+)")
 _STALLS = re.compile(r"loop stalled (\d+) times for over \d+ ms, the longest (\d+) ms")
 
 
@@ -203,10 +204,11 @@ async def hello_and_peers(ws, count: int, expires_in: float = 600.0) -> list[int
     return peers
 
 
-def is_ready(url: str) -> bool:
-    """Does the node at `url` serve requests yet (`GET /ready` answers 200)?"""
+def is_ready(url: str, context: ssl.SSLContext | None = None) -> bool:
+    """Does the node at `url` serve requests yet (`GET /ready` answers 200)? `context`: for a
+    node with TLS, one that trusts its certificate (and shows a client's, if it asks)."""
     try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=2) as response:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2, context=context) as response:
             return response.status == 200
     except (urllib.error.HTTPError, OSError):
         return False
@@ -230,9 +232,10 @@ def cluster_of(
     ids: tuple[str, ...] = ("n1", "n2", "n3"),
     configs: Mapping[str, str] | None = None,
     ready_within: float = 20.0,
+    context: ssl.SSLContext | None = None,
 ) -> Iterator[list[NodeProcess]]:
     """Nodes `ids`, the first the seed of the others, each with `config` (or its own of
-    `configs`), all ready; killed when the block ends."""
+    `configs`), all ready (`context`: as for `is_ready`); killed when the block ends."""
     nodes: list[NodeProcess] = []
     try:
         for node_id in ids:
@@ -241,7 +244,9 @@ def cluster_of(
             args = ["--node-id", node_id, *join]
             nodes.append(NodeProcess(text, workdir=workdir / node_id, args=args, env=dict(env)))
             nodes[-1].start()
-        wait_until(lambda: all(is_ready(node.url) for node in nodes), ready_within, "all ready")
+        wait_until(
+            lambda: all(is_ready(node.url, context) for node in nodes), ready_within, "all ready"
+        )
         yield nodes
     finally:
         for node in nodes:
