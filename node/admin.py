@@ -7,7 +7,11 @@
     sluicegate forget NODE [--url URL]            NODE, dead for good, stops counting for the
                                                   quorum; followed until every member knows
 
-`--url` defaults to `SLUICEGATE_URL`, else http://127.0.0.1:8000. Each member answers for the
+`--url` defaults to `SLUICEGATE_URL`, else http://127.0.0.1:8000. An `https://` URL verifies the
+nodes against `--ca` (`SLUICEGATE_CA`; the system's authorities if none), and shows the client
+certificate `--certificate` and `--key` name (`SLUICEGATE_CERTIFICATE`, `SLUICEGATE_KEY`) to
+nodes that ask for one (README, "Security"); the other members are asked the same way. Each
+member answers for the
 semaphores it owns (`GET /status.json`), so `semaphores` asks every member that is up. `drain`
 and `forget` prove the cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file`
 or `SLUICEGATE_CLUSTER_SECRET_FILE` names) without sending it (node/cluster_admin.py).
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -46,6 +51,20 @@ def fetch(url: str) -> object:
         raise Unreachable(f"{url}: {error.code} {body}") from None
     except (OSError, ValueError) as error:
         raise Unreachable(f"{url}: {error}") from None
+
+
+def scheme_of(url: str) -> str:
+    """The other members are asked as the node given was: over TLS, or not."""
+    return url.split("://", 1)[0]
+
+
+def use_tls(ca: str | None, certificate: str | None, key: str | None) -> None:
+    """Every request from here on verifies against `ca`, and shows `certificate` if asked."""
+    context = ssl.create_default_context(cafile=ca)
+    if certificate:
+        context.load_cert_chain(certificate, key)
+    https = urllib.request.HTTPSHandler(context=context)
+    urllib.request.install_opener(urllib.request.build_opener(https))
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:
@@ -99,7 +118,7 @@ def semaphores(url: str, as_json: bool) -> int:
     for member in node["members"]:
         if member["state"] == "up" and member["id"] not in answers:
             try:
-                answers[member["id"]] = fetch(f"http://{member['address']}/status.json")
+                answers[member["id"]] = fetch(f"{scheme_of(url)}://{member['address']}/status.json")
             except Unreachable as error:
                 unreachable.append(str(error))
     found = sorted(
@@ -150,7 +169,7 @@ def drain(url: str, node_id: str, secret: bytes, timeout: float) -> int:
             f"sluicegate: no other member of {node_id}'s is up to take its slots", file=sys.stderr
         )
         return 1
-    address = f"http://{member['address']}"
+    address = f"{scheme_of(url)}://{member['address']}"
     request = urllib.request.Request(f"{address}/drain", data=b"", method="POST")
     request.add_header("Authorization", authorization(secret, "drain", node_id, int(time.time())))
     try:
@@ -161,7 +180,7 @@ def drain(url: str, node_id: str, secret: bytes, timeout: float) -> int:
         return 1
     except OSError as error:
         raise Unreachable(f"{address}/drain: {error}") from None
-    watcher = f"http://{stays[0]['address']}"
+    watcher = f"{scheme_of(url)}://{stays[0]['address']}"
     deadline = time.monotonic() + timeout
     said = None
     while time.monotonic() < deadline:
@@ -255,6 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a node's HTTP address (default: SLUICEGATE_URL, else http://127.0.0.1:8000)",
     )
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
+    for name, what in (
+        ("ca", "the authority of the nodes' certificates (PEM)"),
+        ("certificate", "a client certificate, for nodes that ask for one (PEM)"),
+        ("key", "its private key (PEM)"),
+    ):
+        variable = f"SLUICEGATE_{name.upper()}"
+        parser.add_argument(
+            f"--{name}", default=os.environ.get(variable), help=f"{what}; {variable}"
+        )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", help="the node's members, slots and readiness")
     commands.add_parser("semaphores", help="holders and waiters of every semaphore")
@@ -276,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     forgetting.add_argument("--timeout", type=float, default=30.0, help="seconds to follow it")
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
+    try:
+        use_tls(args.ca, args.certificate, args.key)
+    except (OSError, ssl.SSLError) as error:
+        print(f"sluicegate: cannot load the TLS files: {error}", file=sys.stderr)
+        return 2
     try:
         if args.command in ("drain", "forget"):
             try:

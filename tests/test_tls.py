@@ -5,6 +5,7 @@ run TLS with client certificates (a node of another authority left out)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import ssl
 import subprocess
@@ -73,8 +74,9 @@ def ca() -> trustme.CA:
 @pytest.fixture(scope="module")
 def tls_node(ca, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tls-node")
-    config = NODE_CONFIG + tls_section(**node_files(ca, workdir))
-    with NodeProcess(config, workdir=workdir) as process:
+    files = node_files(ca, workdir)
+    with NodeProcess(NODE_CONFIG + tls_section(**files), workdir=workdir) as process:
+        process.tls_files = files
         yield process
 
 
@@ -111,6 +113,33 @@ def test_plain_text_and_unknown_authorities_are_refused(tls_node, ca, tmp_path):
     ca_path = ca_file(ca, tmp_path / "ca.pem")
     assert requests.get(f"{tls_node.url}/health", verify=ca_path, timeout=TIMEOUT).ok
     assert "Traceback" not in tls_node.log()
+
+
+def test_the_admin_command_and_the_probe_speak_tls(tls_node, ca, tmp_path):
+    ca_path = str(ca_file(ca, tmp_path / "ca.pem"))
+
+    def admin(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "sluicegate.node.admin", "--url", tls_node.url, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+
+    shown = admin("--ca", ca_path, "--json", "status")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["ready"] is True
+    refused = admin("status")  # the system's authorities
+    assert refused.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in refused.stderr
+
+    def probe(authority: str) -> int:
+        env = {
+            "PATH": "",
+            "SLUICEGATE_PORT": str(tls_node.port),
+            "SLUICEGATE_TLS_CERTIFICATE": str(tls_node.tls_files["certificate"]),
+            "SLUICEGATE_TLS_KEY": str(tls_node.tls_files["key"]),
+            "SLUICEGATE_TLS_CA": authority,
+        }
+        command = [sys.executable, "-m", "sluicegate.node.probe", "ready"]
+        return subprocess.run(command, env=env, capture_output=True, timeout=TIMEOUT).returncode
+
+    assert probe(ca_path) == 0
+    assert probe(str(ca_file(trustme.CA(), tmp_path / "other.pem"))) == 1
 
 
 @pytest.mark.anyio
