@@ -8,6 +8,7 @@ from .blocking import BlockingClient, lock
 from .client import Client, Lease, connect
 from .session import (
     Deadlock,
+    Forbidden,
     LeaseLost,
     LimitReached,
     LockTimeout,
@@ -15,6 +16,7 @@ from .session import (
     RateLimited,
     RequestRefused,
     SluicegateError,
+    Unauthorized,
     Unavailable,
     UnknownLimiter,
     UnknownPeer,
@@ -28,6 +30,7 @@ __all__ = [
     "BlockingClient",
     "Client",
     "Deadlock",
+    "Forbidden",
     "Lease",
     "LeaseLost",
     "LimitReached",
@@ -36,6 +39,7 @@ __all__ = [
     "RateLimited",
     "RequestRefused",
     "SluicegateError",
+    "Unauthorized",
     "Unavailable",
     "UnknownPeer",
     "UnknownLimiter",

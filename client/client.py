@@ -30,10 +30,11 @@ from datetime import timedelta
 
 import anyio
 
-from .connection import CONNECT_TIMEOUT, Connection
+from .connection import CONNECT_TIMEOUT, PROTOCOL_VERSION, Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
 from .session import (
     Deadlock,
+    Forbidden,
     LeaseLost,
     LimitReached,
     LockTimeout,
@@ -94,18 +95,23 @@ async def connect(
     implied); enter it with `async with` to connect.
 
     `ssl_context` verifies `wss://` nodes (default: the system's certificate authorities).
-    `headers` go with every WebSocket handshake, and `token` as `Authorization: Bearer
-    <token>`."""
+    `headers` go with every WebSocket handshake (for a proxy, say), and `token` (the secret of
+    one of the nodes' `[auth]` tokens) with every hello."""
     if isinstance(urls, str):
         urls = [urls]
     if not urls:
         raise ValueError("at least one node URL")
-    extra = extra_headers(headers, token)
+    extra = extra_headers(headers)
+    if token is not None and not isinstance(token, str):
+        raise TypeError("the token is the secret, a string")
     opener = open_websocket
     if ssl_context is not None or extra:
         opener = functools.partial(open_websocket, ssl_context=ssl_context, headers=extra)
     return Client(
-        [_ws_url(url) for url in urls], expires_in=seconds(expires_in), open_websocket=opener
+        [_ws_url(url) for url in urls],
+        expires_in=seconds(expires_in),
+        open_websocket=opener,
+        token=token,
     )
 
 
@@ -131,6 +137,7 @@ class Client:
         expires_in: float,
         rng: random.Random | None = None,
         open_websocket: OpenWebSocket = open_websocket,
+        token: str | None = None,
     ) -> None:
         """`rng` and `open_websocket` are seams for the simulations, which run clients over
         memory streams with one seeded random source."""
@@ -141,6 +148,14 @@ class Client:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._rng = rng or random.Random()
         self._open_websocket = open_websocket
+        self._hello = (
+            {"hello": PROTOCOL_VERSION}
+            if token is None
+            else {
+                "hello": PROTOCOL_VERSION,
+                "token": token,
+            }
+        )
         self._nodes = NodeChoice(urls, self._rng)
         # The peer of the current task's outermost lock (each task has a context of its own).
         self._task_peer: ContextVar[Peer | None] = ContextVar("sluicegate_peer", default=None)
@@ -256,7 +271,7 @@ class Client:
                 result, sent_at = await self._renewing(
                     peer, self._session.acquire, peer, semaphore, count, wait, seq
                 )
-            except (UnknownSemaphore, Deadlock, LimitReached):
+            except (UnknownSemaphore, Deadlock, LimitReached, Forbidden):
                 raise  # refused: nothing waits
             except BaseException:
                 # Cancelled, or given up on: the acquire may wait at the owner still, or have
@@ -398,6 +413,7 @@ class Client:
                         # A node that takes long (paused) must not hold every call up for a
                         # good part of a peer's expiry.
                         min(CONNECT_TIMEOUT, self._session.expires_in / 5),
+                        self._hello,
                     )
                 except ConnectionLost as error:
                     log.warning("%s", error)

@@ -17,11 +17,13 @@ import anyio
 import msgpack
 
 from .recovery import ConnectionLost
-from .session import error_from
+from .session import Unauthorized, error_from
 from .websocket import HandshakeRefused, OpenWebSocket, WebSocketClosed, open_websocket
 
 PROTOCOL_VERSION = 1
 CONNECT_TIMEOUT = 5.0
+# How a node closes a hello whose token it does not know (docs/protocol.md).
+CLOSE_UNAUTHORIZED = 4401
 # A batch this big, sent while nothing else is in flight, goes out as two frames (see `_send`).
 SPLIT_AT = 32
 
@@ -135,15 +137,19 @@ class Connection:
         url: str,
         open_websocket: OpenWebSocket = open_websocket,
         timeout: float = CONNECT_TIMEOUT,
+        hello: dict | None = None,
     ) -> Connection:
-        """Connect to `url` (a node's `/ws`) and say hello, within `timeout`; the connection's
-        tasks run in `tasks`."""
+        """Connect to `url` (a node's `/ws`) and say `hello` (with the client's token, say),
+        within `timeout`; the connection's tasks run in `tasks`."""
+        ws = None
         try:
             with anyio.fail_after(timeout):
                 ws = await open_websocket(url)
-                await ws.send_message(msgpack.packb({"hello": PROTOCOL_VERSION}))
+                await ws.send_message(msgpack.packb(hello or {"hello": PROTOCOL_VERSION}))
                 welcome = msgpack.unpackb(await ws.get_message())
         except (OSError, HandshakeRefused, *_BROKEN, TimeoutError) as error:
+            if getattr(ws, "close_code", None) == CLOSE_UNAUTHORIZED:
+                raise Unauthorized(f"{url} refused the client's token: {ws.closed}") from None
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
         connection = cls(ws, welcome.get("node", url), tasks, welcome.get("check_times", False))
         tasks.start_soon(connection._send_loop)

@@ -74,13 +74,34 @@ class LimitReached(SluicegateError):
     code = "quota_full"
 
 
+class Unauthorized(SluicegateError):
+    """The node needs a token, and the client's is none it knows (its hello was refused)."""
+
+    code = "unauthorized"
+
+
+class Forbidden(SluicegateError):
+    """The client's token may not do this (a semaphore or rate limiter outside its scopes, or a
+    change with a read-only token)."""
+
+    code = "forbidden"
+
+
 class RequestRefused(SluicegateError):
     """Any other refusal of the protocol (bad request, never acquirable, already pending...)."""
 
 
 _ERRORS = {
     cls.code: cls
-    for cls in (UnknownSemaphore, UnknownPeer, Deadlock, Unavailable, LeaseLost, UnknownLimiter)
+    for cls in (
+        UnknownSemaphore,
+        UnknownPeer,
+        Deadlock,
+        Unavailable,
+        LeaseLost,
+        UnknownLimiter,
+        Forbidden,
+    )
 }
 _ERRORS["quota_full"] = _ERRORS["beyond_limit"] = LimitReached
 

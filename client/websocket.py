@@ -71,15 +71,10 @@ _OWN_HEADERS = {"host", "upgrade", "connection", "sec-websocket-key", "sec-webso
 
 
 def extra_headers(
-    headers: Mapping[str, str] | Sequence[tuple[str, str]] = (), token: str | None = None
+    headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
 ) -> list[tuple[str, str]]:
-    """The headers a client sends with its handshake beyond the protocol's own, checked:
-    `headers`, and `token` as `Authorization: Bearer <token>`."""
+    """The headers a client sends with its handshake beyond the protocol's own, checked."""
     pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
-    if token is not None:
-        if any(name.lower() == "authorization" for name, _ in pairs):
-            raise ValueError("give either a token or an Authorization header, not both")
-        pairs.append(("Authorization", f"Bearer {token}"))
     for name, value in pairs:
         if not _TOKEN.fullmatch(name):
             raise ValueError(f"not a header name: {name!r}")
@@ -260,6 +255,7 @@ class WebSocket:
         self._reader = reader
         self._send_lock = anyio.Lock()
         self.closed: str | None = None  # why, once closed
+        self.close_code: int | None = None  # the server's, if it closed
 
     async def send_message(self, message: bytes) -> None:
         if self.closed is not None:
@@ -281,6 +277,7 @@ class WebSocket:
             if isinstance(event, Ping):
                 await self._send(frame(PONG, event.payload, os.urandom(4)))
             elif isinstance(event, Close):
+                self.close_code = event.code
                 code = 1000 if event.code == 1005 else event.code
                 await self._close(code, "", f"closed by the server ({event.code} {event.reason})")
             else:

@@ -10,7 +10,8 @@
 `--url` defaults to `SLUICEGATE_URL`, else http://127.0.0.1:8000. An `https://` URL verifies the
 nodes against `--ca` (`SLUICEGATE_CA`; the system's authorities if none), and shows the client
 certificate `--certificate` and `--key` name (`SLUICEGATE_CERTIFICATE`, `SLUICEGATE_KEY`) to
-nodes that ask for one (README, "Security"); the other members are asked the same way. Each
+nodes that ask for one; `--token` (`SLUICEGATE_TOKEN`) names an admin token to nodes with
+`[auth]` (README, "Security"). The other members are asked the same way. Each
 member answers for the
 semaphores it owns (`GET /status.json`), so `semaphores` asks every member that is up. `drain`
 and `forget` prove the cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file`
@@ -58,13 +59,19 @@ def scheme_of(url: str) -> str:
     return url.split("://", 1)[0]
 
 
-def use_tls(ca: str | None, certificate: str | None, key: str | None) -> None:
-    """Every request from here on verifies against `ca`, and shows `certificate` if asked."""
+def use_credentials(
+    ca: str | None, certificate: str | None, key: str | None, token: str | None
+) -> None:
+    """Every request from here on verifies TLS against `ca`, shows `certificate` if asked, and
+    names `token` (but `drain` and `forget`, which prove the cluster secret instead)."""
     context = ssl.create_default_context(cafile=ca)
     if certificate:
         context.load_cert_chain(certificate, key)
-    https = urllib.request.HTTPSHandler(context=context)
-    urllib.request.install_opener(urllib.request.build_opener(https))
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+    if token:
+        # (A request's own Authorization header wins over these.)
+        opener.addheaders = [*opener.addheaders, ("Authorization", f"Bearer {token}")]
+    urllib.request.install_opener(opener)
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:
@@ -278,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         ("ca", "the authority of the nodes' certificates (PEM)"),
         ("certificate", "a client certificate, for nodes that ask for one (PEM)"),
         ("key", "its private key (PEM)"),
+        ("token", "the secret of an admin token, for a node with [auth]"),
     ):
         variable = f"SLUICEGATE_{name.upper()}"
         parser.add_argument(
@@ -305,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
     try:
-        use_tls(args.ca, args.certificate, args.key)
+        use_credentials(args.ca, args.certificate, args.key, args.token)
     except (OSError, ssl.SSLError) as error:
         print(f"sluicegate: cannot load the TLS files: {error}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from sluicegate.cluster.auth import Credentials
 from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 
 from .asgi_websocket import AsgiWebSocket
@@ -28,10 +29,13 @@ class NodeApp:
         node_id: str = "node",
         extra_metrics: Callable[[], str] = lambda: "",
         limits: Limits = DEFAULT_LIMITS,
+        credentials: Credentials | None = None,
     ) -> None:
+        """`credentials`: the tokens of a node with `[auth]` (None: anyone may do anything)."""
         self.throttle = ThrottleApi(semaphores, rate_limits, extra_metrics)
         self.latencies = Latencies()
         self.router = Router(self.throttle, self.latencies)
+        self.router.credentials = self._credentials = credentials
         self.links: Links | None = None
         # How this node names itself to `/ws` clients (its cluster id once it has one).
         self.node_id = node_id
@@ -81,6 +85,7 @@ class NodeApp:
             self.latencies,
             peers_per_connection=self._limits.peers_per_connection,
             turns=self._turns,
+            credentials=self._credentials,
         ).run()
 
 

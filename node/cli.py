@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from .config import ConfigError, NodeConfig, load_config, parse_section, whole_number
+from .credentials import from_config as credentials_from_config
 from .gc_pauses import GC_PAUSES
 from .logs import FORMATS, choose_level, clip, setup_logging
 from .server import run_node
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             notice = None  # no file, but flags or variables: not an empty configuration
         check_cluster(config, args.address)
         tls = tls_from_config(config.tls)
+        credentials = credentials_from_config(config.auth, os.environ)
         flag_level = (
             parse_section("logging", {"stderr": {"level": args.log_level}}, "--log-level")
             if args.log_level
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(700, 10, 100)
     GC_PAUSES.watch()
     try:
-        trio.run(partial(run_node, tls=tls), config, args.address, port)
+        trio.run(partial(run_node, tls=tls, credentials=credentials), config, args.address, port)
     except* OSError as group:
         bind_error = group.exceptions[0]
     if bind_error is not None:

@@ -52,6 +52,18 @@ client_ca = "/etc/sluicegate/clients.pem" # clients must show a certificate it s
 minimum_version = "1.2"                   # or "1.3"
 ```
 
+Tokens for clients (README, "Security"): with any, a request without a known token is refused.
+Each token's secret comes from the environment or a file, never from this one:
+
+```toml
+[auth.crawler]
+secret_env = "CRAWLER_TOKEN"      # or secret_file = "/run/secrets/crawler"
+semaphores = ["crawl-*"]          # the semaphores it may use (glob patterns; default: all)
+rate_limits = ["crawl"]           # the rate limiters it may use (default: all)
+read_only = false                 # true: remainder and is_acquired only
+admin = false                     # true: also /status and every peer
+```
+
 Bounds on what clients can make a node hold (README, "Limits"):
 
 ```toml
@@ -126,6 +138,18 @@ TLS_VERSIONS = ("1.2", "1.3")
 
 
 @dataclass(frozen=True)
+class TokenConfig:
+    """Where a token's secret is (an environment variable or a file), and its scopes."""
+
+    secret_env: str | None = None
+    secret_file: str | None = None
+    semaphores: tuple[str, ...] = ("*",)
+    rate_limits: tuple[str, ...] = ("*",)
+    read_only: bool = False
+    admin: bool = False
+
+
+@dataclass(frozen=True)
 class TlsConfig:
     """Paths of PEM files: none (plain text), or a certificate and its key at least."""
 
@@ -148,6 +172,7 @@ class NodeConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     limits: Limits = field(default_factory=Limits)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    auth: dict[str, TokenConfig] = field(default_factory=dict)
 
 
 def definitions_digest(config: NodeConfig) -> str:
@@ -177,12 +202,13 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
         cluster=_cluster(doc.get("cluster", {}), source),
         limits=_limits(doc.get("limits", {}), source),
         tls=_tls(doc.get("tls", {}), source),
+        auth=_auth(doc.get("auth", {}), source),
     )
 
 
 def parse_section(name: str, table: object, source: str) -> object:
     """One section of the file (`semaphores`, `rate_limits`, `logging`, `cluster`, `limits`,
-    `tls`) checked by the file's rules: what `parse_config` makes of it."""
+    `tls`, `auth`) checked by the file's rules: what `parse_config` makes of it."""
     return _SECTIONS[name](table, source)
 
 
@@ -390,6 +416,48 @@ def _tls(table: object, source: str) -> TlsConfig:
     return tls
 
 
+def _auth(table: object, source: str) -> dict[str, TokenConfig]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [auth] must be a table of tokens")
+    tokens = {}
+    for name, value in table.items():
+        key = f"auth.{name}"
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key} must be a table (secret_env or secret_file, ...)")
+        if "secret" in value:
+            raise ConfigError(
+                f"{source}: {key}: a token's secret comes from secret_env or secret_file, so "
+                "that the file never holds it"
+            )
+        for setting in value:
+            if setting not in TokenConfig.__dataclass_fields__:
+                raise ConfigError(f"{source}: {key}.{setting} is not a token setting")
+        if ("secret_env" in value) == ("secret_file" in value):
+            raise ConfigError(
+                f"{source}: {key} needs its secret from secret_env or secret_file (one of them)"
+            )
+        where = value.get("secret_env", value.get("secret_file"))
+        if not isinstance(where, str) or not where:
+            raise ConfigError(f"{source}: {key}'s secret_env or secret_file must be a string")
+        scopes = {}
+        for scope in ("semaphores", "rate_limits"):
+            patterns = value.get(scope, ["*"])
+            if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+                raise ConfigError(f"{source}: {key}.{scope} must be a list of glob patterns")
+            scopes[scope] = tuple(patterns)
+        for flag in ("read_only", "admin"):
+            if not isinstance(value.get(flag, False), bool):
+                raise ConfigError(f"{source}: {key}.{flag} must be true or false")
+        tokens[name] = TokenConfig(
+            secret_env=value.get("secret_env"),
+            secret_file=value.get("secret_file"),
+            read_only=value.get("read_only", False),
+            admin=value.get("admin", False),
+            **scopes,
+        )
+    return tokens
+
+
 def _duration(
     table: dict, key: str, default: float, source: str, zero_ok=False, prefix: str = "cluster"
 ) -> float:
@@ -414,4 +482,5 @@ _SECTIONS = {
     "cluster": _cluster,
     "limits": _limits,
     "tls": _tls,
+    "auth": _auth,
 }

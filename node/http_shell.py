@@ -23,6 +23,8 @@ from urllib.parse import parse_qs, unquote_to_bytes
 import trio
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.auth import Credentials, Token
+from sluicegate.cluster.auth import refusal as auth_refusal
 from sluicegate.cluster.rate_limits import RateCheck, retry_after_header
 from sluicegate.cluster.semaphore_ops import (
     LAST_PEER_ID,
@@ -160,6 +162,8 @@ class Request:
         self._receive = receive
         self._most = most
         self._body_read = trio.Event()
+        # The token the request's credentials name, on a node with tokens (`handle`).
+        self.token: Token | None = None
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -400,11 +404,23 @@ class ThrottleApi:
         throttle = render_throttle_metrics(await self.semaphores.stats())
         return text(throttle + self.extra_metrics())
 
+    async def _call(self, request: Request, op: object) -> object:
+        """`op` on the semaphores, if the request's token may make it."""
+        why = None if request.token is None else auth_refusal(request.token, op)
+        if why is not None:
+            raise Rejection(text(f"Forbidden: {why}", 403))
+        return await self.semaphores.call(op)
+
     async def new_peer(self, request: Request) -> Response:
         expires_in = _expires_in_body(await request.json())
-        return json_response(await self.semaphores.call(NewPeer(expires_in)))
+        return json_response(await self._call(request, NewPeer(expires_in)))
 
     async def list_peers(self, request: Request) -> Response:
+        if request.token is not None and not request.token.admin:
+            # Peers do not record who made them yet: only an admin sees anyone's.
+            return text(
+                f"Forbidden: listing peers needs an admin token, not {request.token.name!r}", 403
+            )
         limit = _query(request, {"limit": _count})
         peer_ids = await self.semaphores.list_peers(limit.get("limit"))
         # Encoded a chunk at a time, letting others in between (300,000 peers: 70 ms at once).
@@ -418,11 +434,11 @@ class ThrottleApi:
     async def heartbeat(self, request: Request, peer: bytes) -> Response:
         peer_id = _peer_id(peer)
         expires_in = _expires_in_body(await request.json())
-        await self.semaphores.call(Heartbeat(peer_id, expires_in))
+        await self._call(request, Heartbeat(peer_id, expires_in))
         return text("Ok")
 
     async def release_peer(self, request: Request, peer: bytes) -> Response:
-        released = await self.semaphores.call(ReleasePeer(_peer_id(peer)))
+        released = await self._call(request, ReleasePeer(_peer_id(peer)))
         return json_response("Peer released" if released else "Peer not found")
 
     async def acquire(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
@@ -433,8 +449,8 @@ class ThrottleApi:
         )
         body = await request.json()
         count = _shaped(lambda: serde.integer(body, serde.I64, "i64"))
-        outcome = await self.semaphores.call(
-            Acquire(peer_id, name, count, query.get("expires_in"), query.get("block_for"))
+        outcome = await self._call(
+            request, Acquire(peer_id, name, count, query.get("expires_in"), query.get("block_for"))
         )
         response = json_response(peer_id, 200 if outcome.acquired else 202)
         if outcome.fencing_token is not None:
@@ -444,15 +460,15 @@ class ThrottleApi:
 
     async def release_lock(self, request: Request, peer: bytes, semaphore: bytes) -> Response:
         peer_id = _peer_id(peer, in_tuple=True)
-        await self.semaphores.call(ReleaseLock(peer_id, _semaphore_name(semaphore)))
+        await self._call(request, ReleaseLock(peer_id, _semaphore_name(semaphore)))
         return text("Ok")
 
     async def is_acquired(self, request: Request, peer: bytes) -> Response:
-        return json_response(await self.semaphores.call(IsAcquired(_peer_id(peer))))
+        return json_response(await self._call(request, IsAcquired(_peer_id(peer))))
 
     async def remainder(self, request: Request) -> Response:
         query = _query(request, {"semaphore": str}, required=("semaphore",))
-        return json_response(await self.semaphores.call(Remainder(query["semaphore"])))
+        return json_response(await self._call(request, Remainder(query["semaphore"])))
 
     async def restore(self, request: Request) -> Response:
         body = await request.json()
@@ -478,8 +494,8 @@ class ThrottleApi:
                 },
             )
         )
-        await self.semaphores.call(
-            Restore(fields["peer_id"], fields["expires_in"], fields["acquired"])
+        await self._call(
+            request, Restore(fields["peer_id"], fields["expires_in"], fields["acquired"])
         )
         return text("Ok")
 
@@ -489,7 +505,11 @@ class ThrottleApi:
         limiter = _path_text(name, "name")
         key, n = _rate_limit_query(request.query)
         retry_id = _retry_id(request.header(b"idempotency-key"))
-        decision = await self.rate_limits.call(RateCheck(limiter, key, n, retry_id))
+        check = RateCheck(limiter, key, n, retry_id)
+        why = None if request.token is None else auth_refusal(request.token, check)
+        if why is not None:
+            return rate_limit_error("forbidden", f"Forbidden: {why}", 403)
+        decision = await self.rate_limits.call(check)
         body = {
             "go": decision.go,
             "remaining": decision.remaining,
@@ -553,6 +573,8 @@ class Router:
     def __init__(self, api: ThrottleApi, latencies: Latencies) -> None:
         self.api = api
         self.latencies = latencies
+        # A node with tokens (`[auth]`): who may use which route (`handle`).
+        self.credentials: Credentials | None = None
         self.static = {
             b"/": {"GET": api.index},
             b"/health": {"GET": api.health},
@@ -624,11 +646,38 @@ async def handle(router: Router, request: Request) -> Response | None:
         if handler is None:
             response = Response(405, headers=[(b"allow", allow_header(handlers))])
             method = OTHER
+        elif router.credentials is not None and template not in OPEN_ROUTES:
+            response = _unauthorized(router.credentials, request, template)
+            if response is None:
+                response = await _served(handler, request)
         else:
             response = await _served(handler, request)
     if response is not None:
         router.latencies.http_answered(method, template, trio.current_time() - arrived)
     return response
+
+
+# On a node with tokens: the routes anyone may use (the two of them that act on the cluster
+# prove its secret instead), and those that need an admin token. The others need a token, and
+# the operations they make are held against its scopes (`ThrottleApi._call`).
+OPEN_ROUTES = frozenset(
+    ("/", "/health", "/ready", "/version", "/favicon.ico", "/metrics", "/drain", "/forget")
+)
+ADMIN_ROUTES = frozenset(("/status", "/status.json"))
+
+
+def _unauthorized(credentials: Credentials, request: Request, template: str) -> Response | None:
+    """The refusal of a request whose credentials name no token (401), or a token that may
+    not use `template` (403); None if it may, with `request.token` set."""
+    token = credentials.from_header(request.header(b"authorization"))
+    if token is None:
+        body = "Unauthorized: this node needs a token (Authorization: Bearer, or Basic)"
+        challenge = (b"www-authenticate", b'Bearer, Basic realm="sluicegate"')
+        return Response(401, body.encode(), TEXT, [challenge])
+    if template in ADMIN_ROUTES and not token.admin:
+        return text(f"Forbidden: {template} needs an admin token, not {token.name!r}", 403)
+    request.token = token
+    return None
 
 
 async def _served(

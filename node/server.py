@@ -14,6 +14,7 @@ from functools import partial
 import trio
 from hypercorn.config import Config as HypercornConfig
 
+from sluicegate.cluster.auth import Credentials
 from sluicegate.cluster.dns_seeds import DnsSeeds, is_dns_entry, parse_dns_entry
 from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.ownership import Ownership
@@ -84,10 +85,12 @@ async def run_node(
     port: int,
     *,
     tls: Tls | None = None,
+    credentials: Credentials | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGTERM or SIGINT, over TLS if `tls` is given (its files read again on
-    SIGHUP); `task_status.started` receives the bound URL."""
+    SIGHUP), to clients with tokens if `credentials` are; `task_status.started` receives the
+    bound URL."""
     # Fencing tokens continue above this node's previous life: its start time orders its lives.
     limits = config.limits
     actor = SemaphoreActor(
@@ -137,6 +140,7 @@ async def run_node(
         rate_limits,
         extra_metrics=metrics.render,
         limits=limits,
+        credentials=credentials,
     )
     server_tls = client_tls = None
     if tls is not None:

@@ -159,6 +159,15 @@ SETTINGS: tuple[Setting, ...] = (
         "TABLE",
         "rate limiters, as 'api = { algorithm = \"gcra\", burst = 10, rate = 5 }'",
     ),
+    Setting(
+        "auth",
+        "",
+        TABLE,
+        "--auth",
+        "SLUICEGATE_AUTH",
+        "TABLE",
+        'tokens, as \'crawler = { secret_env = "CRAWLER_TOKEN", semaphores = ["crawl-*"] }\'',
+    ),
 )
 
 

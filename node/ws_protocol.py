@@ -47,6 +47,7 @@ CLOSE_UNDECODABLE = 1007
 CLOSE_IDLE = 1001
 CLOSE_NO_HELLO = 4000
 CLOSE_VERSION = 4001
+CLOSE_UNAUTHORIZED = 4401  # (as a node link refused)
 
 
 class ProtocolViolation(Exception):

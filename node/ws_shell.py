@@ -21,6 +21,8 @@ import logging
 import trio
 from trio_websocket import ConnectionClosed
 
+from sluicegate.cluster.auth import Credentials, Token
+from sluicegate.cluster.auth import refusal as auth_refusal
 from sluicegate.cluster.errors import QuotaFull, RateLimitError, SemaphoreError, UnknownPeer
 from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation, RateWait
 from sluicegate.cluster.semaphore_ops import (
@@ -115,8 +117,11 @@ class WsConnection:
         idle_timeout: float = IDLE_TIMEOUT,
         peers_per_connection: int = 1_000,
         turns: FrameTurns | None = None,  # the node's; its own otherwise
+        credentials: Credentials | None = None,  # a node with tokens: the hello names one
     ) -> None:
         self._ws = websocket
+        self._credentials = credentials
+        self._token: Token | None = None
         self._turns = FrameTurns() if turns is None else turns
         self._semaphores = semaphores
         self._rate_limits = rate_limits
@@ -172,7 +177,13 @@ class WsConnection:
             frame = await self._ws.get_message()
         if waited.cancelled_caught:
             raise protocol.ProtocolViolation(protocol.CLOSE_NO_HELLO, "no hello in time")
-        protocol.decode(frame, expect_hello=True)
+        hello = protocol.decode(frame, expect_hello=True)
+        if self._credentials is not None:
+            self._token = self._credentials.from_secret(_text(hello.get("token")))
+            if self._token is None:
+                raise protocol.ProtocolViolation(
+                    protocol.CLOSE_UNAUTHORIZED, "this node needs a token in the hello"
+                )
         await self._ws.send_message(protocol.welcome(self._node_id, self._idle_timeout))
         while True:
             frame = await self._ws.get_message()
@@ -227,6 +238,12 @@ class WsConnection:
                 self._answers.append(protocol.error(item.request_id, item.code, item.message))
                 self._latencies.ws_answered("rejected", trio.current_time() - arrived)
                 continue
+            if self._token is not None:
+                why = auth_refusal(self._token, item.op)
+                if why is not None:
+                    self._answers.append(protocol.error(item.request_id, "forbidden", why))
+                    self._latencies.ws_answered(_OP_NAMES[type(item.op)], 0.0)
+                    continue
             if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(item):
                 self._latencies.ws_answered("check", trio.current_time() - arrived)
                 continue
@@ -363,3 +380,7 @@ class WsConnection:
                 await self._ws.aclose(code, reason)
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -155,6 +155,22 @@ class NodeProcess:
         self.kill()
 
 
+def refusal_to_start(config_text: str, workdir: Path, env: Mapping[str, str] | None = None) -> str:
+    """What a node started with `config_text` says as it exits with 2 (a configuration it
+    refuses); fails if it exits otherwise."""
+    path = workdir / "node.toml"
+    path.write_text(config_text, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate.node", "-c", path, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_TIMEOUT,
+        env={"PATH": "", **(env or {})},
+    )
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
 def wait_healthy(url: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:

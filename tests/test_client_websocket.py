@@ -218,11 +218,8 @@ async def test_a_text_message_closes_with_1003_and_a_refusal_is_no_websocket(nur
             await websocket.open_websocket(url + "/elsewhere")
 
 
-def test_extra_headers_are_checked_and_the_token_is_a_bearer():
-    assert websocket.extra_headers({"X-Team": "crawlers"}, token="s3cret") == [
-        ("X-Team", "crawlers"),
-        ("Authorization", "Bearer s3cret"),
-    ]
+def test_extra_headers_are_checked():
+    assert websocket.extra_headers({"X-Team": "crawlers"}) == [("X-Team", "crawlers")]
     request, _ = websocket.handshake_request("h:1", "/ws", [("X-Team", "crawlers")])
     assert request.endswith(b"Sec-WebSocket-Version: 13\r\nX-Team: crawlers\r\n\r\n")
     for bad in (
@@ -232,8 +229,6 @@ def test_extra_headers_are_checked_and_the_token_is_a_bearer():
     ):
         with pytest.raises(ValueError):
             websocket.extra_headers(bad)
-    with pytest.raises(ValueError, match="not both"):
-        websocket.extra_headers([("authorization", "Basic x")], token="s3cret")
 
 
 async def test_connect_verifies_wss_with_the_given_context_and_sends_headers_and_token(
@@ -262,7 +257,7 @@ async def test_connect_verifies_wss_with_the_given_context_and_sends_headers_and
         seen.append(dict(request.headers))
         ws = await request.accept()
         try:
-            await ws.get_message()  # hello
+            seen.append(msgpack.unpackb(await ws.get_message()))  # the hello
             await ws.send_message(msgpack.packb({"node": "tls-node"}))
             await ws.get_message()
         except ConnectionClosed:
@@ -287,5 +282,6 @@ async def test_connect_verifies_wss_with_the_given_context_and_sends_headers_and
         headers = {"X-Team": "crawlers"}
         async with await sg.connect(url, ssl_context=trusted, headers=headers, token="s3") as c:
             assert c.node == "tls-node"
-    received = {name.lower(): value for name, value in seen[-1].items()}
-    assert received[b"x-team"] == b"crawlers" and received[b"authorization"] == b"Bearer s3"
+    received = {name.lower(): value for name, value in seen[0].items()}
+    assert received[b"x-team"] == b"crawlers" and b"authorization" not in received
+    assert seen[1] == {"hello": 1, "token": "s3"}  # the token goes in the hello

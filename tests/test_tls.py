@@ -24,7 +24,7 @@ from sluicegate import client as sg
 from sluicegate.client import websocket
 
 from .conftest import NODE_CONFIG
-from .nodes import NodeProcess, cluster_of
+from .nodes import NodeProcess, cluster_of, refusal_to_start
 
 pytestmark = pytest.mark.process
 
@@ -207,14 +207,7 @@ def test_tls_files_that_do_not_load_stop_the_node_with_the_reason(ca, tmp_path, 
     text = section.format(
         certificate=files["certificate"], missing=tmp_path / "missing.pem", other_key=other["key"]
     )
-    (tmp_path / "node.toml").write_text(text)
-    done = subprocess.run(
-        [sys.executable, "-m", "sluicegate.node", "-c", tmp_path / "node.toml", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert said in refusal_to_start(text, tmp_path)
 
 
 @pytest.mark.anyio

@@ -1,0 +1,123 @@
+"""Who may do what on a node with tokens (`[auth]`; README, "Security").
+
+A token is a name, a secret and its scopes: the semaphores and the rate limiters it may use (glob
+patterns), whether it may change anything (`read_only`), and whether it may look at the whole
+node (`admin`). A request names its token (`Credentials.from_header`, `Credentials.from_secret`),
+and each operation it makes is held against the token's scopes (`refusal`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from .rate_limits import RateCheck, RateChecks, RateWait
+from .semaphore_ops import (
+    Acquire,
+    Heartbeat,
+    IsAcquired,
+    ListPeers,
+    NewPeer,
+    ReleaseLock,
+    ReleasePeer,
+    Remainder,
+    Restore,
+)
+
+# The shortest secret a token may have, as for the cluster's.
+SHORTEST_SECRET = 16
+
+
+@dataclass(frozen=True)
+class Token:
+    name: str
+    secret: bytes = field(repr=False)
+    semaphores: tuple[str, ...] = ("*",)
+    rate_limits: tuple[str, ...] = ("*",)
+    read_only: bool = False
+    admin: bool = False
+
+
+# Each operation: whether it changes anything, and the scope its names are held against.
+_WRITES = {
+    NewPeer: True,
+    Heartbeat: True,
+    ReleasePeer: True,
+    Acquire: True,
+    ReleaseLock: True,
+    Restore: True,
+    IsAcquired: False,
+    Remainder: False,
+    ListPeers: False,
+    RateCheck: True,
+    RateChecks: True,
+    RateWait: True,
+}
+
+
+def _names(op: object) -> tuple[str, tuple[str, ...]]:
+    """The scope an operation's names fall under, and the names."""
+    if isinstance(op, Acquire | ReleaseLock | Remainder):
+        return "semaphores", (op.semaphore,)
+    if isinstance(op, Restore):
+        return "semaphores", tuple(op.acquired)
+    if isinstance(op, RateCheck | RateChecks | RateWait):
+        return "rate_limits", (op.limiter,)
+    return "", ()
+
+
+def refusal(token: Token, op: object) -> str | None:
+    """Why `token` may not make `op`; None if it may."""
+    if _WRITES[type(op)] and token.read_only:
+        return f"the token {token.name!r} is read-only"
+    scope, names = _names(op)
+    for name in names:
+        if not any(fnmatchcase(name, pattern) for pattern in getattr(token, scope)):
+            kind = "semaphore" if scope == "semaphores" else "rate limiter"
+            return f"the token {token.name!r} may not use the {kind} {name!r}"
+    return None
+
+
+class Credentials:
+    """The tokens a node knows. Secrets are compared in constant time, by their digests (so not
+    even their lengths show)."""
+
+    def __init__(self, tokens: Iterable[Token]) -> None:
+        self.tokens = tuple(tokens)
+        self._digests = [(hashlib.sha256(t.secret).digest(), t) for t in self.tokens]
+
+    def from_secret(self, secret: bytes | str | None) -> Token | None:
+        """The token whose secret this is, if any."""
+        if secret is None:
+            return None
+        if isinstance(secret, str):
+            secret = secret.encode()
+        digest = hashlib.sha256(secret).digest()
+        found = None
+        for known, token in self._digests:
+            if hmac.compare_digest(known, digest):
+                found = token
+        return found
+
+    def from_header(self, header: bytes | None) -> Token | None:
+        """The token an `Authorization` header names: `Bearer SECRET`, or `Basic` with the
+        token's name and secret (a URL's `http://name:secret@host`); None if none does."""
+        if header is None:
+            return None
+        scheme, _, value = header.strip().partition(b" ")
+        scheme, value = scheme.lower(), value.strip()
+        if scheme == b"bearer":
+            return self.from_secret(value)
+        if scheme != b"basic":
+            return None
+        try:
+            name, colon, secret = base64.b64decode(value, validate=True).partition(b":")
+        except (binascii.Error, ValueError):
+            return None
+        token = self.from_secret(secret) if colon else None
+        return token if token is not None and token.name.encode() == name else None
