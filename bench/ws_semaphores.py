@@ -7,7 +7,8 @@
    Sequential round trips give the stack's p50; then 64 frames in flight on one connection give
    its rate.
 2. sluicegate, one node process on a free loopback port, our async client, under trio and under
-   asyncio (the same client, on anyio):
+   asyncio (the same client, on anyio), and under trio over TLS to a second node with TLS 1.3
+   (a certificate made for the run), for TLS's cost beside plain text:
    * sequential: one task locks and unlocks an uncontended semaphore, one op per round trip
      (acquire, then release); the p50 of one op;
    * 64 tasks on one client, each looping lock/unlock: ops per second (each acquire and each
@@ -24,6 +25,7 @@ turns, the echo's and ours taking turns, and the figures pool all turns.
 from __future__ import annotations
 
 import argparse
+import ssl
 import statistics
 import subprocess
 import sys
@@ -35,11 +37,12 @@ from pathlib import Path
 import anyio
 import msgpack
 import trio
+import trustme
 from trio_websocket import open_websocket_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sluicegate import client as sg  # noqa: E402
-from tests.nodes import NodeProcess  # noqa: E402
+from tests.nodes import NodeProcess, node_files, tls_section  # noqa: E402
 
 CONFIG = "[semaphores]\nbench = 1000\n"
 IN_FLIGHT = 64
@@ -110,10 +113,12 @@ async def echo_in_flight(url: str, duration: float, in_flight: int) -> tuple[int
         return done, trio.current_time() - started
 
 
-async def sluicegate_sequential(url: str, duration: float) -> list[float]:
+async def sluicegate_sequential(
+    url: str, duration: float, context: ssl.SSLContext | None = None
+) -> list[float]:
     """Latencies of single ops: one task locks and unlocks (acquire, then release)."""
     latencies = []
-    async with await sg.connect(url) as client:
+    async with await sg.connect(url, ssl_context=context) as client:
         end = anyio.current_time() + duration
         while anyio.current_time() < end:
             started = anyio.current_time()
@@ -126,11 +131,13 @@ async def sluicegate_sequential(url: str, duration: float) -> list[float]:
     return latencies
 
 
-async def sluicegate_concurrent(url: str, duration: float, tasks: int) -> tuple[int, float, float]:
+async def sluicegate_concurrent(
+    url: str, duration: float, tasks: int, context: ssl.SSLContext | None = None
+) -> tuple[int, float, float]:
     """(ops, seconds, requests per frame) of `tasks` tasks on one client, each looping
     lock/unlock (an acquire and a release count one op each)."""
     ops = 0
-    async with await sg.connect(url) as client:
+    async with await sg.connect(url, ssl_context=context) as client:
         async with client.lock("bench"):  # warm up: peers, connection
             pass
         end = anyio.current_time() + duration
@@ -153,45 +160,56 @@ async def sluicegate_concurrent(url: str, duration: float, tasks: int) -> tuple[
     return ops, elapsed, requests / max(frames, 1)
 
 
-BACKENDS = ("trio", "asyncio")
+# The client's runs: under which event loop, and to the plain node or over TLS.
+VARIANTS = {"trio": ("trio", False), "asyncio": ("asyncio", False), "trio, TLS": ("trio", True)}
 
 
-def measure(node_url: str, duration: float, rounds: int) -> dict:
+def measure(nodes: dict[bool, str], context: ssl.SSLContext, duration: float, rounds: int) -> dict:
     """Every measurement in `rounds` short turns, interleaved, so that what the machine does
     meanwhile (and where it runs the processes) weighs on the echo and on sluicegate alike.
-    Each turn is an event loop's run of its own (the echo's under trio)."""
+    Each turn is an event loop's run of its own (the echo's under trio). `nodes`: the plain
+    node's URL and the TLS one's, by whether TLS; `context` trusts the latter."""
     turn = duration / rounds
     echo_latencies: list[float] = []
     echo_done = echo_time = 0.0
-    latencies: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
-    ops = dict.fromkeys(BACKENDS, 0.0)
-    times = dict.fromkeys(BACKENDS, 0.0)
-    per_frame: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
+    latencies: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    ops = dict.fromkeys(VARIANTS, 0.0)
+    times = dict.fromkeys(VARIANTS, 0.0)
+    per_frame: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with echo_server() as echo_url:
         for number in range(rounds):
             echo_latencies += trio.run(echo_sequential, echo_url, turn)
-            for backend in BACKENDS:
-                latencies[backend] += anyio.run(
-                    sluicegate_sequential, node_url, turn, backend=backend
+            for name, (backend, tls) in VARIANTS.items():
+                latencies[name] += anyio.run(
+                    sluicegate_sequential,
+                    nodes[tls],
+                    turn,
+                    context if tls else None,
+                    backend=backend,
                 )
             done, seconds = trio.run(echo_in_flight, echo_url, turn, IN_FLIGHT)
             echo_done, echo_time = echo_done + done, echo_time + seconds
-            for backend in BACKENDS:
+            for name, (backend, tls) in VARIANTS.items():
                 done, seconds, frame = anyio.run(
-                    sluicegate_concurrent, node_url, turn, IN_FLIGHT, backend=backend
+                    sluicegate_concurrent,
+                    nodes[tls],
+                    turn,
+                    IN_FLIGHT,
+                    context if tls else None,
+                    backend=backend,
                 )
-                ops[backend] += done
-                times[backend] += seconds
-                per_frame[backend].append(frame)
+                ops[name] += done
+                times[name] += seconds
+                per_frame[name].append(frame)
             print(f"  round {number + 1}/{rounds} done", file=sys.stderr, flush=True)
     figures = {
         "echo_p50_ms": statistics.median(echo_latencies) * 1000,
         "echo_rate": echo_done / echo_time,
     }
-    for backend in BACKENDS:
-        figures[f"{backend}_p50_ms"] = statistics.median(latencies[backend]) * 1000
-        figures[f"{backend}_rate"] = ops[backend] / times[backend]
-        figures[f"{backend}_per_frame"] = statistics.median(per_frame[backend])
+    for name in VARIANTS:
+        figures[f"{name}_p50_ms"] = statistics.median(latencies[name]) * 1000
+        figures[f"{name}_rate"] = ops[name] / times[name]
+        figures[f"{name}_per_frame"] = statistics.median(per_frame[name])
     return figures
 
 
@@ -202,31 +220,47 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
-    with NodeProcess(CONFIG, workdir=workdir) as node:
-        figures = measure(f"ws://127.0.0.1:{node.port}", args.duration, args.rounds)
+    ca = trustme.CA()
+    tls = tls_section(**node_files(ca, workdir / "tls"), minimum_version="1.3")
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    with (
+        NodeProcess(CONFIG, workdir=workdir / "plain") as plain,
+        NodeProcess(CONFIG + tls, workdir=workdir / "tls") as secure,
+    ):
+        nodes = {False: f"ws://127.0.0.1:{plain.port}", True: f"wss://127.0.0.1:{secure.port}"}
+        figures = measure(nodes, context, args.duration, args.rounds)
 
     print(f"WebSocket path, {args.duration:g} s per measurement in {args.rounds} turns")
     print(
         f"  echo (trio-websocket + msgpack)  p50 {figures['echo_p50_ms']:.3f} ms   "
         f"{IN_FLIGHT} in flight: {figures['echo_rate']:.0f} msgs/s"
     )
-    for backend in BACKENDS:
-        p50, rate = figures[f"{backend}_p50_ms"], figures[f"{backend}_rate"]
+    for name in VARIANTS:
+        p50, rate = figures[f"{name}_p50_ms"], figures[f"{name}_rate"]
         print(
-            f"  sluicegate under {backend:<7}  sequential ops p50 {p50:.3f} ms   "
+            f"  sluicegate under {name:<9}  sequential ops p50 {p50:.3f} ms   "
             f"{IN_FLIGHT} tasks, one client: {rate:.0f} ops/s "
-            f"({figures[f'{backend}_per_frame']:.1f} requests per frame)"
+            f"({figures[f'{name}_per_frame']:.1f} requests per frame)"
         )
-    p50_ratio = figures["trio_p50_ms"] / figures["echo_p50_ms"]
-    rate_ratio = figures["trio_rate"] / figures["echo_rate"]
+
+    def ratios(name: str, over: str) -> tuple[float, float]:
+        return (
+            figures[f"{name}_p50_ms"] / figures[f"{over}_p50_ms"],
+            figures[f"{name}_rate"] / figures[f"{over}_rate"],
+        )
+
+    p50_ratio, rate_ratio = ratios("trio", "echo")
     print(f"  trio sequential p50 / echo p50: {p50_ratio:.2f}x (target <= 1.30x)")
     print(
         f"  trio {IN_FLIGHT} tasks / echo {IN_FLIGHT} in flight: {rate_ratio:.2f}x (target > 2.00x)"
     )
-    p50_ratio = figures["asyncio_p50_ms"] / figures["trio_p50_ms"]
-    rate_ratio = figures["asyncio_rate"] / figures["trio_rate"]
+    p50_ratio, rate_ratio = ratios("asyncio", "trio")
     print(f"  asyncio sequential p50 / trio's: {p50_ratio:.2f}x (target <= 1.30x)")
     print(f"  asyncio {IN_FLIGHT} tasks / trio's: {rate_ratio:.2f}x (target >= 0.80x)")
+    p50_ratio, rate_ratio = ratios("trio, TLS", "trio")
+    print(f"  TLS / plain (trio): sequential p50 {p50_ratio:.2f}x, ", end="")
+    print(f"{IN_FLIGHT} tasks {rate_ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -155,6 +155,31 @@ class NodeProcess:
         self.kill()
 
 
+# Certificates made at test time (trustme), for nodes with TLS (tests/test_tls.py, bench/).
+
+
+def node_files(ca, directory: Path, name: str = "node") -> dict[str, Path]:
+    """A certificate for 127.0.0.1 that the `trustme.CA` `ca` signed, and its key, written to
+    `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    files = {"certificate": directory / f"{name}.pem", "key": directory / f"{name}-key.pem"}
+    issued.cert_chain_pems[0].write_to_path(files["certificate"])
+    for pem in issued.cert_chain_pems[1:]:
+        pem.write_to_path(files["certificate"], append=True)
+    issued.private_key_pem.write_to_path(files["key"])
+    return files
+
+
+def ca_file(ca, path: Path) -> Path:
+    ca.cert_pem.write_to_path(path)
+    return path
+
+
+def tls_section(**paths: Path | str) -> str:
+    return "[tls]\n" + "".join(f'{key} = "{value}"\n' for key, value in paths.items())
+
+
 def refusal_to_start(config_text: str, workdir: Path, env: Mapping[str, str] | None = None) -> str:
     """What a node started with `config_text` says as it exits with 2 (a configuration it
     refuses); fails if it exits otherwise."""

@@ -11,7 +11,6 @@ import ssl
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import anyio
 import msgpack
@@ -24,7 +23,7 @@ from sluicegate import client as sg
 from sluicegate.client import websocket
 
 from .conftest import NODE_CONFIG
-from .nodes import NodeProcess, cluster_of, refusal_to_start
+from .nodes import NodeProcess, ca_file, cluster_of, node_files, refusal_to_start, tls_section
 
 pytestmark = pytest.mark.process
 
@@ -32,27 +31,6 @@ TIMEOUT = 30
 # How a client sees its TLS handshake refused (by the version of TLS, the moment it learns).
 REFUSED = (OSError, anyio.BrokenResourceError, anyio.EndOfStream, websocket.HandshakeRefused)
 SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test-secret"}
-
-
-def node_files(ca: trustme.CA, directory: Path, name: str = "node") -> dict[str, Path]:
-    """A certificate for 127.0.0.1 that `ca` signed, and its key, written to `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    files = {"certificate": directory / f"{name}.pem", "key": directory / f"{name}-key.pem"}
-    issued.cert_chain_pems[0].write_to_path(files["certificate"])
-    for pem in issued.cert_chain_pems[1:]:
-        pem.write_to_path(files["certificate"], append=True)
-    issued.private_key_pem.write_to_path(files["key"])
-    return files
-
-
-def ca_file(ca: trustme.CA, path: Path) -> Path:
-    ca.cert_pem.write_to_path(path)
-    return path
-
-
-def tls_section(**paths: Path | str) -> str:
-    return "[tls]\n" + "".join(f'{key} = "{value}"\n' for key, value in paths.items())
 
 
 def trusting(*cas: trustme.CA) -> ssl.SSLContext:
