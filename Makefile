@@ -66,6 +66,8 @@ bench: $(INSTALLED) redis
 	PATH="$$PATH:/usr/sbin" $(BIN)/python bench/rate_limits.py
 	$(BIN)/python bench/gossip_overshoot.py
 	$(BIN)/python bench/abuse.py
+	$(BIN)/python bench/websocket_framing.py
+	$(BIN)/python bench/cold_start.py
 
 # bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
 # a free loopback port). Installed as root, else through sudo. Tests do not need it.
