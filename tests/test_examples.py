@@ -53,7 +53,7 @@ def test_the_asyncio_worker_keeps_each_hosts_pace(node):
     assert sorted(fetched) == ["a.example", "b.example"] and "done: 6 pages" in output
     for times in fetched.values():  # 2 per host in any second: the third a second after the first
         times.sort()
-        assert times[2] - times[0] >= 0.9
+        assert times[2] - times[0] >= 0.8  # (less what the answers took to come back)
 
 
 def test_the_trio_script_never_holds_c_beyond_its_count(node):
