@@ -13,9 +13,12 @@ import binascii
 import hashlib
 import hmac
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
+from typing import TypeVar
 
+from .errors import Forbidden
+from .peer_ids import key_of, made_with
 from .rate_limits import RateCheck, RateChecks, RateWait
 from .semaphore_ops import (
     Acquire,
@@ -32,6 +35,8 @@ from .semaphore_ops import (
 # The shortest secret a token may have, as for the cluster's.
 SHORTEST_SECRET = 16
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Token:
@@ -41,6 +46,15 @@ class Token:
     rate_limits: tuple[str, ...] = ("*",)
     read_only: bool = False
     admin: bool = False
+    # What the ids of the token's peers are made with (cluster/peer_ids.py).
+    peer_key: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peer_key", key_of(self.secret))
+
+    def owns(self, peer_id: int) -> bool:
+        """May the token act on this peer: did it make it, or is it an admin?"""
+        return self.admin or made_with(self.peer_key, peer_id)
 
 
 # Each operation: whether it changes anything, and the scope its names are held against.
@@ -71,16 +85,23 @@ def _names(op: object) -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
-def refusal(token: Token, op: object) -> str | None:
-    """Why `token` may not make `op`; None if it may."""
+def admit(token: Token, op: T) -> T:
+    """`op` as `token` makes it (a new peer's id names the token), or `Forbidden` if the token
+    may not: a change with a read-only token, a name outside its scopes, or a peer that another
+    token made."""
     if _WRITES[type(op)] and token.read_only:
-        return f"the token {token.name!r} is read-only"
+        raise Forbidden(f"the token {token.name!r} is read-only")
     scope, names = _names(op)
     for name in names:
         if not any(fnmatchcase(name, pattern) for pattern in getattr(token, scope)):
             kind = "semaphore" if scope == "semaphores" else "rate limiter"
-            return f"the token {token.name!r} may not use the {kind} {name!r}"
-    return None
+            raise Forbidden(f"the token {token.name!r} may not use the {kind} {name!r}")
+    if isinstance(op, NewPeer):
+        return replace(op, key=token.peer_key)
+    peer_id = getattr(op, "peer_id", None)
+    if peer_id is not None and not token.owns(peer_id):
+        raise Forbidden(f"the peer {peer_id} is not one the token {token.name!r} made")
+    return op
 
 
 class Credentials:

@@ -97,6 +97,17 @@ class InvalidWeight(RateLimitError):
         self.max_weight = max_weight
 
 
+class Forbidden(SemaphoreError, RateLimitError):
+    """On a node with tokens: the request's token may not do this (403; cluster/auth.py)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 class LimitError(SemaphoreError, RateLimitError):
     """A request past one of the node's limits (`cluster/limits.py`): `limit` names its key in
     `[limits]`, `message` says what was asked or held."""

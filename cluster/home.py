@@ -176,9 +176,11 @@ class Home:
 
     # -- the Throttle API ------------------------------------------------------------------
 
-    def new_peer(self, now: float, lease: float, rng: random.Random, homed) -> int:
+    def new_peer(
+        self, now: float, lease: float, rng: random.Random, homed, key: bytes | None = None
+    ) -> int:
         expires_at = now + lease * STRETCH
-        peer_id = self.peers.new_peer(expires_at, rng, homed_here=homed, lease=lease)
+        peer_id = self.peers.new_peer(expires_at, rng, homed_here=homed, lease=lease, key=key)
         self._dirty.add(peer_id)
         return peer_id
 

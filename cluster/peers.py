@@ -36,6 +36,7 @@ from .errors import (
     UnknownSemaphore,
 )
 from .graveyard import FREED_AT_ONCE, Graveyard
+from .peer_ids import stamped
 from .semaphore_leases import SemaphoreConfig
 from .slots import STRETCH
 
@@ -169,11 +170,15 @@ class PeerTable:
         rng: random.Random,
         homed_here: Callable[[int], bool] = lambda peer_id: True,
         lease: float = 0.0,
+        key: bytes | None = None,
     ) -> int:
-        """A new peer with a random id; in a cluster, an id whose home is this node."""
+        """A new peer with a random id; in a cluster, an id whose home is this node; with a
+        token's `key`, an id that names the token (cluster/peer_ids.py)."""
         self._make_room()
         while True:
             peer_id = rng.getrandbits(64)
+            if key is not None:
+                peer_id = stamped(key, peer_id)
             if peer_id not in self._peers and homed_here(peer_id):
                 break
         self._add(peer_id, (expires_at, lease, 0, (), None, (), (), 1))

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class NewPeer:
     expires_in: float
+    # On a node with tokens: the key of the token that asks (cluster/peer_ids.py), so that the
+    # id names it.
+    key: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +122,8 @@ def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) ->
             return core.release_lock(peer_id, semaphore)
         case Heartbeat(peer_id, expires_in):
             return core.heartbeat(peer_id, now + expires_in)
-        case NewPeer(expires_in):
-            return core.new_peer(now + expires_in, rng)
+        case NewPeer(expires_in, key):
+            return core.new_peer(now + expires_in, rng, key)
         case ReleasePeer(peer_id, number):
             if core.has_peer(peer_id):
                 core.numbered(peer_id, number)

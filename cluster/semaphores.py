@@ -49,8 +49,8 @@ class SemaphoreCore:
 
     # -- peers -------------------------------------------------------------------------------
 
-    def new_peer(self, expires_at: float, rng: random.Random) -> int:
-        return self._peers.new_peer(expires_at, rng)
+    def new_peer(self, expires_at: float, rng: random.Random, key: bytes | None = None) -> int:
+        return self._peers.new_peer(expires_at, rng, key=key)
 
     def heartbeat(self, peer_id: int, expires_at: float) -> None:
         self._peers.heartbeat(peer_id, expires_at)

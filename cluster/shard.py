@@ -309,7 +309,7 @@ class Shard:
     def _apply(self, op: Operation, now: float) -> object:
         home = self.home
         match op:
-            case NewPeer(expires_in):
+            case NewPeer(expires_in, key):
                 if not self.ownership.acts_for_any(now):
                     raise NotServing(f"{self.me} acts for no slot now")
                 return home.new_peer(
@@ -317,6 +317,7 @@ class Shard:
                     expires_in,
                     self._rng,
                     lambda peer_id: self.serves_peer(peer_id, now),
+                    key,
                 )
             case Remainder(name):
                 if name not in self._config:

@@ -39,9 +39,11 @@ async def get_json(
     timeout: float,
     most: int = MOST,
     tls: Callable[[], ssl.SSLContext] | None = None,
+    authorization: bytes | None = None,
 ) -> object:
     """GET `path` from `address` (host:port) over HTTP/1.1, within `timeout` (over TLS with
-    the context `tls()` gives, if given): the JSON of a 200 answer; `NoAnswer` otherwise."""
+    the context `tls()` gives, if given; with an `Authorization` header, if given): the JSON
+    of a 200 answer; `NoAnswer` otherwise."""
     host, _, port = address.rpartition(":")
     try:
         with trio.fail_after(timeout):
@@ -52,18 +54,21 @@ async def get_json(
                     host.strip("[]"), int(port), ssl_context=tls(), https_compatible=True
                 )
             async with stream:
-                return json.loads(await _exchange(stream, address, path, most))
+                return json.loads(await _exchange(stream, address, path, most, authorization))
     except trio.TooSlowError:
         raise NoAnswer(f"no answer within {timeout:g} s") from None
     except (OSError, ValueError, h11.ProtocolError) as error:
         raise NoAnswer(str(error) or type(error).__name__) from None
 
 
-async def _exchange(stream: trio.abc.Stream, address: str, path: str, most: int) -> bytes:
+async def _exchange(
+    stream: trio.abc.Stream, address: str, path: str, most: int, authorization: bytes | None
+) -> bytes:
     connection = h11.Connection(h11.CLIENT)
-    request = h11.Request(
-        method="GET", target=path, headers=[("host", address), ("connection", "close")]
-    )
+    headers = [("host", address), ("connection", "close")]
+    if authorization is not None:
+        headers.append(("authorization", authorization))
+    request = h11.Request(method="GET", target=path, headers=headers)
     await stream.send_all(connection.send(request) + connection.send(h11.EndOfMessage()))
     status, body = 0, bytearray()
     while True:
@@ -87,19 +92,23 @@ async def _exchange(stream: trio.abc.Stream, address: str, path: str, most: int)
 async def members_status(
     members: list[dict],
     me: str,
+    authorization: bytes | None = None,
     timeout: float = MEMBER_TIMEOUT,
     tls: Callable[[], ssl.SSLContext] | None = None,
 ) -> list[dict]:
     """For every member of `members` (`MembershipActor.report` rows) that is up, other than
     `me`, by id: `{"id", "status"}` with its answer, or `{"id", "error"}` saying why there is
-    none. `tls`: as for `get_json`."""
+    none. `authorization`: the asker's credentials, passed on (on a node with tokens, every
+    member knows the same); `tls`: as for `get_json`."""
     asked = sorted(m["id"] for m in members if m["state"] == "up" and m["id"] != me)
     address = {m["id"]: m["address"] for m in members}
     found: dict[str, dict] = {}
 
     async def ask(node_id: str) -> None:
         try:
-            answer = await get_json(address[node_id], "/status.json", timeout, tls=tls)
+            answer = await get_json(
+                address[node_id], "/status.json", timeout, tls=tls, authorization=authorization
+            )
             found[node_id] = {"id": node_id, "status": answer}
         except NoAnswer as error:
             found[node_id] = {"id": node_id, "error": str(error)}
@@ -120,9 +129,13 @@ class MemberStatuses:
         self._answer: list[dict] = []
         self._asked_at = -float("inf")
 
-    async def get(self, members: list[dict], me: str) -> list[dict]:
+    async def get(
+        self, members: list[dict], me: str, authorization: bytes | None = None
+    ) -> list[dict]:
+        """The members' answers; `authorization` as for `members_status` (only admins ask on a
+        node with tokens, so one's answer may be given to another)."""
         async with self._lock:
             if trio.current_time() >= self._asked_at + self._fresh:
-                self._answer = await self._ask(members, me)
+                self._answer = await self._ask(members, me, authorization)
                 self._asked_at = trio.current_time()
             return self._answer

@@ -61,7 +61,7 @@ secret_env = "CRAWLER_TOKEN"      # or secret_file = "/run/secrets/crawler"
 semaphores = ["crawl-*"]          # the semaphores it may use (glob patterns; default: all)
 rate_limits = ["crawl"]           # the rate limiters it may use (default: all)
 read_only = false                 # true: remainder and is_acquired only
-admin = false                     # true: also /status and every peer
+admin = false                     # true: also /status and everyone's peers
 ```
 
 Bounds on what clients can make a node hold (README, "Limits"):

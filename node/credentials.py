@@ -18,17 +18,25 @@ def from_config(
     Throttle); `ConfigError` if a secret cannot be had or is too short."""
     if not tokens:
         return None
-    return Credentials(
-        Token(
-            name,
-            _secret(name, config, environ),
-            semaphores=config.semaphores,
-            rate_limits=config.rate_limits,
-            read_only=config.read_only,
-            admin=config.admin,
+    named: dict[bytes, str] = {}
+    found = []
+    for name, config in tokens.items():
+        secret = _secret(name, config, environ)
+        if secret in named:
+            # A request could not tell the two apart, nor a peer its maker.
+            raise ConfigError(f"[auth] {named[secret]} and {name} have the same secret")
+        named[secret] = name
+        found.append(
+            Token(
+                name,
+                secret,
+                semaphores=config.semaphores,
+                rate_limits=config.rate_limits,
+                read_only=config.read_only,
+                admin=config.admin,
+            )
         )
-        for name, config in tokens.items()
-    )
+    return Credentials(found)
 
 
 def _secret(name: str, config: TokenConfig, environ: Mapping[str, str]) -> bytes:

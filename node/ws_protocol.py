@@ -193,6 +193,8 @@ def domain_error(request_id: int, failure: Exception) -> dict:
     match failure:
         case errors.LimitError(code=code):
             return error(request_id, code, str(failure))
+        case errors.Forbidden(reason=reason):
+            return error(request_id, "forbidden", reason)
         case errors.UnknownSemaphore(semaphore=name):
             return error(request_id, "unknown_semaphore", f"Unknown semaphore {name!r}")
         case errors.UnknownPeer(peer_id=peer_id):

@@ -21,9 +21,14 @@ import logging
 import trio
 from trio_websocket import ConnectionClosed
 
-from sluicegate.cluster.auth import Credentials, Token
-from sluicegate.cluster.auth import refusal as auth_refusal
-from sluicegate.cluster.errors import QuotaFull, RateLimitError, SemaphoreError, UnknownPeer
+from sluicegate.cluster.auth import Credentials, Token, admit
+from sluicegate.cluster.errors import (
+    Forbidden,
+    QuotaFull,
+    RateLimitError,
+    SemaphoreError,
+    UnknownPeer,
+)
 from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation, RateWait
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
@@ -239,11 +244,14 @@ class WsConnection:
                 self._latencies.ws_answered("rejected", trio.current_time() - arrived)
                 continue
             if self._token is not None:
-                why = auth_refusal(self._token, item.op)
-                if why is not None:
-                    self._answers.append(protocol.error(item.request_id, "forbidden", why))
+                try:
+                    op = admit(self._token, item.op)
+                except Forbidden as forbidden:
+                    self._answers.append(protocol.domain_error(item.request_id, forbidden))
                     self._latencies.ws_answered(_OP_NAMES[type(item.op)], 0.0)
                     continue
+                if op is not item.op:
+                    item = protocol.Request(item.request_id, op)
             if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(item):
                 self._latencies.ws_answered("check", trio.current_time() - arrived)
                 continue

@@ -8,11 +8,13 @@ import subprocess
 import sys
 
 import anyio
+import msgpack
 import pytest
 import requests
 import throttle_client
 
 from sluicegate import client as sg
+from sluicegate.client import websocket
 
 from .conftest import NODE_CONFIG
 from .nodes import NodeProcess, refusal_to_start
@@ -24,6 +26,7 @@ SECRETS = {
     "CRAWLER_TOKEN": "crawler-secret-0123456789",
     "VIEWER_TOKEN": "viewer-secret-0123456789",
     "OPS_TOKEN": "ops-secret-0123456789abc",
+    "BATCH_TOKEN": "batch-secret-0123456789",
 }
 CONFIG = (
     NODE_CONFIG
@@ -44,6 +47,10 @@ read_only = true
 [auth.ops]
 secret_env = "OPS_TOKEN"
 admin = true
+
+[auth.batch]
+secret_env = "BATCH_TOKEN"
+semaphores = ["C"]
 """
 )
 
@@ -85,10 +92,35 @@ def test_health_metrics_and_the_cluster_routes_stay_open(node):
         assert call(node, "GET", path).status_code == 200, path
 
 
-def test_the_status_and_every_peer_need_an_admin_token(node):
-    for path in ("/status.json", "/status", "/peers/"):
+def test_the_status_needs_an_admin_token(node):
+    for path in ("/status.json", "/status"):
         assert call(node, "GET", path, "crawler").status_code == 403, path
         assert call(node, "GET", path, "ops").status_code == 200, path
+
+
+def test_a_peer_is_its_makers_alone(node):
+    mine = call(node, "POST", "/new_peer", "crawler", json={"expires_in": "1m"}).json()
+    theirs = call(node, "POST", "/new_peer", "batch", json={"expires_in": "1m"}).json()
+    assert call(node, "PUT", f"/peers/{theirs}/C", "batch", json=1).status_code == 200
+    restore = {"peer_id": theirs, "expires_in": "1m", "acquired": {"C": 1}}
+    for method, path, body in [
+        ("PUT", f"/peers/{theirs}/C", 1),
+        ("DELETE", f"/peers/{theirs}/C", None),
+        ("PUT", f"/peers/{theirs}", {"expires_in": "0s"}),
+        ("DELETE", f"/peers/{theirs}", None),
+        ("GET", f"/peers/{theirs}/is_acquired", None),
+        ("POST", "/restore", restore),
+    ]:
+        refused = call(node, method, path, "crawler", json=body)
+        assert refused.status_code == 403, (method, path)
+        assert f"the peer {theirs} is not one the token 'crawler' made" in refused.text
+    assert call(node, "GET", "/remainder?semaphore=C", "batch").json() == 4  # nothing changed
+    assert call(node, "GET", "/peers/", "crawler").json() == [{"id": mine}]
+    assert call(node, "GET", "/peers/?limit=1", "batch").json() == [{"id": theirs}]
+    every = {peer["id"] for peer in call(node, "GET", "/peers/", "ops").json()}
+    assert every == {mine, theirs}
+    assert call(node, "DELETE", f"/peers/{theirs}", "ops").json() == "Peer released"
+    assert call(node, "DELETE", f"/peers/{mine}", "crawler").json() == "Peer released"
 
 
 def test_the_admin_command_names_its_token(node):
@@ -149,6 +181,29 @@ async def test_our_client_says_its_token_in_the_hello(node):
                     pass
 
 
+@pytest.mark.anyio
+async def test_over_ws_too_a_peer_is_its_makers_alone(node):
+    theirs = call(node, "POST", "/new_peer", "batch", json={"expires_in": "1m"}).json()
+    url = node.url.replace("http", "ws") + "/ws"
+    with anyio.fail_after(TIMEOUT):
+        ws = await websocket.open_websocket(url)
+        await ws.send_message(msgpack.packb({"hello": 1, "token": SECRETS["CRAWLER_TOKEN"]}))
+        assert "welcome" in msgpack.unpackb(await ws.get_message())
+        requests_ = [
+            {"id": 1, "op": "heartbeat", "peer": theirs, "expires_in": 0},
+            {"id": 2, "op": "release_peer", "peer": theirs},
+            {"id": 3, "op": "acquire", "peer": theirs, "semaphore": "C"},
+        ]
+        await ws.send_message(msgpack.packb(requests_))
+        answers = []
+        while len(answers) < len(requests_):
+            answers += msgpack.unpackb(await ws.get_message())
+        await ws.aclose()
+    assert {answer["error"] for answer in answers} == {"forbidden"}
+    assert call(node, "GET", f"/peers/{theirs}/is_acquired", "batch").json() is True
+    assert call(node, "DELETE", f"/peers/{theirs}", "batch").json() == "Peer released"
+
+
 @pytest.mark.parametrize(
     "section, env, said",
     [
@@ -157,6 +212,11 @@ async def test_our_client_says_its_token_in_the_hello(node):
         ('[auth.x]\nsecret_env = "X_TOKEN"\n', {"X_TOKEN": "short"}, "16 bytes or longer"),
         ('[auth.x]\nsecret_file = "/nonexistent/x"\n', {}, "cannot read the file"),
         ('[auth.x]\nsecret_env = "X"\nscope = 1\n', {}, "auth.x.scope is not a token setting"),
+        (
+            '[auth.x]\nsecret_env = "X_TOKEN"\n[auth.y]\nsecret_env = "X_TOKEN"\n',
+            {"X_TOKEN": "in-the-file-0123456789"},
+            "[auth] x and y have the same secret",
+        ),
     ],
 )
 def test_secrets_that_cannot_be_had_stop_the_node(tmp_path, section, env, said):

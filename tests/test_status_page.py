@@ -278,7 +278,7 @@ async def test_a_member_that_does_not_answer_is_named(tmp_path):
 async def test_the_members_are_asked_once_a_fresh_period_however_many_pages_ask(autojump_clock):
     rounds = []
 
-    async def ask(members, me):
+    async def ask(members, me, authorization):
         rounds.append(trio.current_time())
         await trio.sleep(0.3)  # a member slow to answer
         return [{"id": "n2", "status": {"round": len(rounds)}}]

@@ -30,7 +30,28 @@ pytestmark = pytest.mark.process
 TIMEOUT = 30
 # How a client sees its TLS handshake refused (by the version of TLS, the moment it learns).
 REFUSED = (OSError, anyio.BrokenResourceError, anyio.EndOfStream, websocket.HandshakeRefused)
-SECRET = {"SLUICEGATE_CLUSTER_SECRET": "cluster-test-secret"}
+CRAWLER, BATCH, OPS = (
+    "crawler-secret-0123456789",
+    "batch-secret-0123456789",
+    "ops-secret-0123456789",
+)
+SECRET = {
+    "SLUICEGATE_CLUSTER_SECRET": "cluster-test-secret",
+    "CRAWLER_TOKEN": CRAWLER,
+    "BATCH_TOKEN": BATCH,
+    "OPS_TOKEN": OPS,
+}
+TOKENS = """
+[auth.crawler]
+secret_env = "CRAWLER_TOKEN"
+
+[auth.batch]
+secret_env = "BATCH_TOKEN"
+
+[auth.ops]
+secret_env = "OPS_TOKEN"
+admin = true
+"""
 
 
 def trusting(*cas: trustme.CA) -> ssl.SSLContext:
@@ -194,31 +215,44 @@ async def test_links_run_tls_with_client_certificates_and_a_stranger_is_left_out
     ca, tmp_path, anyio_backend
 ):
     """Every node asks every client for a certificate of the cluster's authority: the other
-    nodes' links show theirs, and so do the clients here."""
+    nodes' links show theirs, and so do the clients here. Every node knows the same tokens,
+    and a peer is its maker's on each of them."""
     cluster_ca = ca_file(ca, tmp_path / "cluster-ca.pem")
     configs = {
         node_id: NODE_CONFIG
         + tls_section(**node_files(ca, tmp_path / node_id), ca=cluster_ca, client_ca=cluster_ca)
+        + TOKENS
         for node_id in ("n1", "n2", "n3")
     }
     mine = node_files(ca, tmp_path / "client", "client")
     context = trusting(ca)
     context.load_cert_chain(mine["certificate"], mine["key"])
     certificate = (str(mine["certificate"]), str(mine["key"]))
-    with cluster_of(tmp_path, "", SECRET, configs=configs, context=context) as (n1, n2, n3):
-        status = requests.get(
-            f"{n2.url}/status.json?all=1", verify=cluster_ca, cert=certificate, timeout=TIMEOUT
+
+    def call(node: NodeProcess, method: str, path: str, token: str, **kwargs) -> requests.Response:
+        kwargs.update(headers={"Authorization": f"Bearer {token}"}, cert=certificate)
+        return requests.request(
+            method, node.url + path, verify=cluster_ca, timeout=TIMEOUT, **kwargs
         )
+
+    with cluster_of(tmp_path, "", SECRET, configs=configs, context=context) as (n1, n2, n3):
+        status = call(n2, "GET", "/status.json?all=1", OPS)
         # n2 asked the others for theirs over TLS too (node/cluster_status.py).
         answered = [m["id"] for m in status.json()["member_status"] if "status" in m]
         assert sorted(answered) == ["n1", "n3"]
         with anyio.fail_after(TIMEOUT):
             async with (
-                await sg.connect(wss(n1), ssl_context=context) as one,
-                await sg.connect(wss(n3), ssl_context=context) as other,
+                await sg.connect(wss(n1), ssl_context=context, token=CRAWLER) as one,
+                await sg.connect(wss(n3), ssl_context=context, token=CRAWLER) as other,
             ):
-                async with one.lock("A"):  # seen through another node, over the links
+                async with one.lock("A") as lease:  # seen through another node, over the links
                     assert await other.remainder("A") == 0
+                    beat = {"json": {"expires_in": "1m"}}
+                    for node in (n1, n2, n3):
+                        path = f"/peers/{lease.peer_id}"
+                        assert call(node, "PUT", path, OPS[::-1], **beat).status_code == 401
+                        assert call(node, "PUT", path, BATCH, **beat).status_code == 403
+                        assert call(node, "PUT", path, CRAWLER, **beat).text == "Ok"
         # A node whose certificate another authority signed: the others refuse its links.
         stranger = trustme.CA()
         config = NODE_CONFIG + tls_section(
@@ -227,8 +261,6 @@ async def test_links_run_tls_with_client_certificates_and_a_stranger_is_left_out
         join = ["--node-id", "n4", "--join", f"127.0.0.1:{n1.port}"]
         with NodeProcess(config, workdir=tmp_path / "n4", args=join, env=SECRET) as n4:
             await anyio.sleep(3)
-            members = requests.get(
-                f"{n1.url}/status.json", verify=cluster_ca, cert=certificate, timeout=TIMEOUT
-            )
+            members = call(n1, "GET", "/status.json", OPS)
             assert "n4" not in {m["id"] for m in members.json()["members"]}
             assert "Linked to" not in n4.log()

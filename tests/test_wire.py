@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluicegate.cluster.membership import Gossip, MemberState
-from sluicegate.cluster.semaphore_ops import Acquire, Heartbeat, NewPeer, Remainder, Restore
+from sluicegate.cluster.semaphore_ops import Acquire, Heartbeat, IsAcquired, Remainder, Restore
 from sluicegate.node.wire import MAX_FRAME, Codec, WireError
 
 CODEC = Codec(
-    {1: Gossip, 2: MemberState, 3: Acquire, 4: Restore, 5: NewPeer, 6: Heartbeat, 7: Remainder}
+    {1: Gossip, 2: MemberState, 3: Acquire, 4: Restore, 5: IsAcquired, 6: Heartbeat, 7: Remainder}
 )
 
 u64 = st.integers(0, 2**64 - 1)
@@ -32,7 +32,7 @@ message = st.one_of(
         st.none() | seconds,
     ),
     st.builds(Restore, u64, seconds, st.dictionaries(names, st.integers(1, 1000), max_size=4)),
-    st.builds(NewPeer, seconds),
+    st.builds(IsAcquired, u64),
     st.builds(Heartbeat, u64, seconds),
     st.builds(Remainder, names),
 )
@@ -91,7 +91,7 @@ def test_malformed_messages_say_what_is_wrong(value, message):
 
 def test_oversized_frames_are_refused_both_ways():
     with pytest.raises(WireError):
-        CODEC.encode([NewPeer(1.0)] * (MAX_FRAME // 8))
+        CODEC.encode([Remainder("A")] * (MAX_FRAME // 4))
     with pytest.raises(WireError):
         CODEC.decode(b"\x90" * (MAX_FRAME + 1))
 
@@ -102,6 +102,6 @@ def test_unregistered_messages_cannot_be_sent():
 
 
 def test_integer_seconds_decode_as_floats():
-    [decoded] = CODEC.decode(msgpack.packb([[5, 30]]))
-    assert decoded == NewPeer(30.0)
+    [decoded] = CODEC.decode(msgpack.packb([[6, 1, 30]]))
+    assert decoded == Heartbeat(1, 30.0)
     assert isinstance(decoded.expires_in, float)

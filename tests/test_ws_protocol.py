@@ -97,6 +97,7 @@ def test_every_error_of_the_core_has_a_code_of_its_own():
         Unavailable("no link"),
         errors.BeyondLimit("key_length", "a key of 300 characters"),
         errors.QuotaFull("peers", "this node holds 3 peers"),
+        errors.Forbidden("the token 'x' is read-only"),
     ]
     codes = [protocol.domain_error(1, sample)["error"] for sample in samples]
     assert "internal" not in codes
