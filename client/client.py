@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
+from urllib.parse import unquote, urlsplit
 
 import anyio
 
@@ -96,7 +97,8 @@ async def connect(
 
     `ssl_context` verifies `wss://` nodes (default: the system's certificate authorities).
     `headers` go with every WebSocket handshake (for a proxy, say), and `token` (the secret of
-    one of the nodes' `[auth]` tokens) with every hello."""
+    one of the nodes' `[auth]` tokens) with every hello. URLs may carry the token as
+    throttle-client's do, `wss://NAME:SECRET@host:port`."""
     if isinstance(urls, str):
         urls = [urls]
     if not urls:
@@ -104,6 +106,10 @@ async def connect(
     extra = extra_headers(headers)
     if token is not None and not isinstance(token, str):
         raise TypeError("the token is the secret, a string")
+    named = ({_secret_in(url) for url in urls} | {token}) - {None}
+    if len(named) > 1:
+        raise ValueError("the URLs and `token` name different tokens")
+    token = next(iter(named), None)
     opener = open_websocket
     if ssl_context is not None or extra:
         opener = functools.partial(open_websocket, ssl_context=ssl_context, headers=extra)
@@ -120,8 +126,16 @@ def seconds(interval: float | timedelta | None) -> float | None:
     return interval.total_seconds() if isinstance(interval, timedelta) else interval
 
 
+def _secret_in(url: str) -> str | None:
+    """The token's secret a URL carries (`wss://NAME:SECRET@host`), if any."""
+    password = urlsplit(url).password
+    return unquote(password) if password else None
+
+
 def _ws_url(url: str) -> str:
-    url = url.rstrip("/")
+    """`url` as a `/ws` URL, without credentials (they go in the hello, not the handshake)."""
+    parts = urlsplit(url.rstrip("/"))
+    url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
     if url.startswith("http://"):
         url = "ws://" + url[len("http://") :]
     elif url.startswith("https://"):

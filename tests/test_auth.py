@@ -175,10 +175,22 @@ async def test_our_client_says_its_token_in_the_hello(node):
             with pytest.raises(sg.Forbidden):
                 await client.check("other", key="k")
             assert (await client.check("api", key="k")).go
+        with_credentials = url.replace("ws://", f"ws://crawler:{SECRETS['CRAWLER_TOKEN']}@")
+        async with await sg.connect(with_credentials) as client:
+            assert (await client.check("api", key="k")).go
+        with pytest.raises(ValueError, match="different tokens"):
+            await sg.connect([with_credentials, url], token=SECRETS["BATCH_TOKEN"])
         for token in (None, "not-a-token-of-this-node"):
             with pytest.raises(sg.Unauthorized):  # at once: no retrying elsewhere
                 async with await sg.connect(url, token=token):
                     pass
+
+
+def test_the_blocking_lock_takes_credentials_in_its_url(node):
+    url = node.url.replace("http://", f"ws://crawler:{SECRETS['CRAWLER_TOKEN']}@")
+    with sg.lock(url, "C", count=2, timeout=TIMEOUT) as lease:
+        assert lease.fencing_token is not None
+        assert call(node, "GET", "/remainder?semaphore=C", "viewer").json() == 3
 
 
 @pytest.mark.anyio
