@@ -1,4 +1,4 @@
-"""A node under attack, side by side with the same node left alone (issue 16's targets):
+"""A node under attack, side by side with the same node left alone (the targets):
 
 * acquire+release cycles over HTTP (8 peers) with no attack, and while 300 sockets hold a
   half-sent request line (`GET /`) open: target at least 0.8x;

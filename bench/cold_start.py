@@ -1,5 +1,5 @@
 """How soon a three-node cluster starting cold serves: from the start of its last node until
-every node answers `GET /ready` with 200 (issue 17's target: 1.5 s).
+every node answers `GET /ready` with 200 (target: 1.5 s).
 
     python bench/cold_start.py [--runs 5]
 

@@ -10,8 +10,8 @@
    batches what they ask into shared frames).
 
 The bucket never runs dry (capacity and rate of 10^9), so every decision costs the same on both
-sides. The measurements take turns (as in bench/ws_semaphores.py) and pool them. Target
-(issue 5): sluicegate's 64 callers at least 1.5 x Redis+Lua pipelined.
+sides. The measurements take turns (as in bench/ws_semaphores.py) and pool them. Target:
+sluicegate's 64 callers at least 1.5 x Redis+Lua pipelined.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@
    * 64 tasks on one client, each looping lock/unlock: ops per second (each acquire and each
      release counts one). The client batches what the tasks ask at once into shared frames.
 
-Targets: under trio (issue 4), sequential p50 at most 1.3 x the echo's p50, and with 64 tasks
-more ops per second than 2 x the echo's rate with 64 frames in flight; under asyncio (issue 18),
-sequential p50 at most 1.3 x trio's, and with 64 tasks at least 0.8 x trio's rate. Everything
+Targets: under trio, sequential p50 at most 1.3 x the echo's p50, and with 64 tasks more ops
+per second than 2 x the echo's rate with 64 frames in flight; under asyncio, sequential p50 at most 1.3 x trio's, and with 64 tasks at least 0.8 x trio's rate. Everything
 shares the machine's cores, and on this VM a round trip's time depends on whether the two
 processes share a core, which the kernel decides and changes; so each measurement is cut into
 turns, the echo's and ours taking turns, and the figures pool all turns.

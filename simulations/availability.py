@@ -12,7 +12,7 @@ To stay cheap, the probe asks one node while that node serves everything: a tick
 node that answered all of the last tick in time, and to every node when there is none (then
 the first node to answer all of a tick is asked next). So a tick is missed, where asking every
 node would have found another that served, at most once each time the node asked stops serving
-(0.1 s), and the probe costs about one frame each way per tick (measured: README).
+(0.1 s), and the probe costs about one frame each way per tick (measured: docs/simulations.md).
 
 For each fault, from its start until the next fault starts (or the workload ends):
 
