@@ -44,11 +44,11 @@ define debian
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; }
 endef
 
-# tests/test_haproxy.py runs deploy/haproxy.cfg and fails without HAProxy. `run` needs none.
+# tests/process/test_haproxy.py runs deploy/haproxy.cfg and fails without HAProxy. `run` needs none.
 haproxy:
 	$(call debian,haproxy,haproxy)
 
-# tests/test_status_page.py opens the status page in headless Chromium, and fails without it in CI
+# tests/process/test_status_page.py opens the status page in headless Chromium, and fails without it in CI
 # (it skips elsewhere).
 chromium:
 	$(call debian,/usr/bin/chromium,chromium)

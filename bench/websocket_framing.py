@@ -9,7 +9,8 @@ instead, side by side in one run:
 
 Both sides do exactly the framing the client needs, with nothing of the network; the figures
 are microseconds per frame. The wire bytes are wsproto's (the reference), and both sides must
-count the same messages in them. Whether they decode alike is tests/test_websocket_conformance.py.
+count the same messages in them. Whether they decode alike is
+tests/client/test_websocket_conformance.py.
 """
 
 from __future__ import annotations

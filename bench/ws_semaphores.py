@@ -15,8 +15,9 @@
      release counts one). The client batches what the tasks ask at once into shared frames.
 
 Targets: under trio, sequential p50 at most 1.3 x the echo's p50, and with 64 tasks more ops
-per second than 2 x the echo's rate with 64 frames in flight; under asyncio, sequential p50 at most 1.3 x trio's, and with 64 tasks at least 0.8 x trio's rate. Everything
-shares the machine's cores, and on this VM a round trip's time depends on whether the two
+per second than 2 x the echo's rate with 64 frames in flight; under asyncio, sequential p50
+at most 1.3 x trio's, and with 64 tasks at least 0.8 x trio's rate. Everything shares the
+machine's cores, and on this VM a round trip's time depends on whether the two
 processes share a core, which the kernel decides and changes; so each measurement is cut into
 turns, the echo's and ours taking turns, and the figures pool all turns.
 """

@@ -12,7 +12,7 @@ scheduler) for every message sent; wsproto parses a frame through a chain of gen
 client calling a node with many tasks spent about a third of its time there. Here the caller
 of `get_message` reads the socket itself, and a frame is a few integer operations: reading a
 small frame takes a seventh of wsproto's time, writing one a third (bench/websocket_framing.py).
-tests/test_websocket_conformance.py holds the framing to wsproto's as the reference.
+tests/client/test_websocket_conformance.py holds the framing to wsproto's as the reference.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ python -m simulations chaos --duration 120         real node processes behind HA
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 
 A seed replays the same in any process, whatever its PYTHONHASHSEED: nothing in a run depends
-on hash order (tests/test_simulations.py replays seeds under other hash seeds than the sweep's).
+on hash order (tests/simulations/test_sweeps.py replays seeds under other hash seeds than the
+sweep's).
 """
 
 from __future__ import annotations

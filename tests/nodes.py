@@ -6,6 +6,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -155,7 +156,7 @@ class NodeProcess:
         self.kill()
 
 
-# Certificates made at test time (trustme), for nodes with TLS (tests/test_tls.py, bench/).
+# Certificates made at test time (trustme), for nodes with TLS (tests/process/test_tls.py, bench/).
 
 
 def node_files(ca, directory: Path, name: str = "node") -> dict[str, Path]:
@@ -194,6 +195,12 @@ def refusal_to_start(config_text: str, workdir: Path, env: Mapping[str, str] | N
     )
     assert done.returncode == 2, done.stderr
     return done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def wait_healthy(url: str, timeout: float = 10.0) -> None:

@@ -1,0 +1,477 @@
+"""Ownership of slots (`cluster/ownership.py`) and quorum writes (`cluster/replication.py`),
+without trio or sockets: the invariants of docs/cluster.md checked by
+`tests/cluster/ownership_model.py` under loss, repeats, partitions one and two ways, pauses,
+crashes and skewed clocks, with planted bugs to show the checks have teeth; then the pieces one
+by one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sluicegate.cluster import ownership as ownership_module
+from sluicegate.cluster.ownership import (
+    ColdAnswer,
+    ColdStart,
+    ColdStarted,
+    Gained,
+    Ownership,
+    Prepare,
+    Promise,
+    Ready,
+    Recover,
+    RecoverReply,
+    Refuse,
+    Renew,
+    Renewed,
+    Resign,
+)
+from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.replication import Accept, Accepted, CommitGate, SlotCopy, SlotWriter
+from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord, lock_key
+from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
+from tests.cluster.ownership_model import LEASE, Model, random_run
+from tests.collector import held
+
+
+def record(key: int) -> PeerRecord:
+    return PeerRecord(key, 60.0, 60.0, {}, None, 0, {}, {}, 1, 0)
+
+
+# -- the invariants, over many schedules ------------------------------------------------------
+
+
+# 1132: a write committed after its lease ran out gained a slot from a stale state.
+@pytest.mark.parametrize("seed", [*range(8), 1132])
+def test_three_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(seed):
+    model = random_run(seed)
+    assert model.violations == []
+    assert model.serving() == [], "every slot served again once the faults are over"
+    assert model.writes > 500 and model.gains > 256
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_five_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(seed):
+    model = random_run(100 + seed, nodes=5)
+    assert model.violations == []
+    assert model.serving() == []
+
+
+def cut_off_the_owner_mid_round(seed: int) -> Model:
+    """n1's clock runs as slow as DRIFT allows, the acceptors' as fast; n1 is cut off at a
+    random moment of its renewal round, and the others notice at once: they ask for its slots
+    the moment their lease promises end."""
+    model = Model(seed, rates={"n1": 1 - DRIFT, "n2": 1 + DRIFT, "n3": 1 + DRIFT}, down_after=0.3)
+    model.run_until(4.0 + model.rng.uniform(0, LEASE / 4))
+    model.isolate("n1")
+    model.run_until(model.t + 3 * LEASE)
+    return model
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_owner_cut_off_stops_before_another_takes_its_slots_at_the_drift_bound(seed):
+    model = cut_off_the_owner_mid_round(seed)
+    assert model.violations == []
+    assert model.serving() == []
+
+
+def test_a_lease_a_tenth_longer_than_the_rule_allows_is_caught(monkeypatch):
+    original = Ownership.__init__
+
+    def overlong(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.usable_lease = self.lease * 1.1
+
+    monkeypatch.setattr(Ownership, "__init__", overlong)
+    assert cut_off_the_owner_mid_round(1).violations
+
+
+@pytest.mark.parametrize(
+    "plant",
+    ["acceptors ignore leases", "a quorum one short", "adopt the oldest copy"],
+)
+def test_the_model_catches_planted_bugs(monkeypatch, plant):
+    if plant == "acceptors ignore leases":
+        monkeypatch.setattr(
+            ownership_module._Acceptor, "leased_to_other", lambda self, member, now: False
+        )
+    elif plant == "a quorum one short":
+        monkeypatch.setattr(ownership_module, "quorum_of", lambda voters: len(voters) // 2)
+    else:
+        monkeypatch.setattr(
+            ownership_module,
+            "latest",
+            lambda promises: min(promises, key=lambda p: (p.accepted, p.version), default=None),
+        )
+    assert random_run(3).violations
+
+
+# -- lives and eras --------------------------------------------------------------------------
+
+
+def test_a_cluster_starting_cold_agrees_on_one_era_and_takes_every_slot():
+    model = Model(7)
+    model.run_until(5.0)
+    eras = {life.core.era for life in model.lives.values()}
+    assert len(eras) == 1 and eras != {0}
+    assert all(life.core.ready for life in model.lives.values())
+    assert model.serving() == []
+
+
+def test_a_cold_start_that_heard_every_member_waits_out_neither_settle_nor_quarantine():
+    """Settle (down_after, 1 s here) and the quarantine (a lease, 1 s) are there to learn the
+    voters and to outlast promises of earlier lives: once every member answered, as a new
+    life with nothing, neither is needed."""
+    model = Model(7)
+    model.run_until(0.5)
+    assert all(life.core.ready for life in model.lives.values())
+    model.run_until(1.0)
+    assert model.serving() == [] and model.violations == []
+
+
+def test_a_cold_start_that_has_not_heard_a_member_waits_them_out():
+    model = Model(7)
+    model.crash("n3")  # silent from the start: n1 and n2 know of it, as seeds of theirs
+    model.run_until(0.9)
+    assert not any(life.core.ready for life in model.lives.values() if life is not None)
+    model.run_until(3.0)
+    assert all(life.core.ready for life in model.lives.values() if life is not None)
+    assert model.violations == []
+
+
+def test_a_restarted_node_recovers_the_era_and_what_its_old_life_held():
+    model = Model(8)
+    model.run_until(5.0)
+    era = model.lives["n1"].core.era
+    committed = {slot: set(keys) for slot, keys in model.committed.items() if keys}
+    assert committed
+    model.crash("n2")
+    model.run_until(7.0)
+    model.start("n2")
+    life = model.lives["n2"]
+    model.run_until(7.5)
+    assert not life.core.ready, "a new life waits out the leases of its previous one"
+    model.run_until(12.0)
+    assert life.core.ready and life.core.era == era  # recovered, no new era
+    for slot, keys in committed.items():
+        # The model's writes only add records: whatever was committed before the crash is in
+        # the copy the new life recovered (or in a later one of the slot).
+        copy = {r.key for r in life.core._acceptors[slot].copy.records(0.0)}
+        assert keys <= copy, f"slot {slot} lost committed writes in the recovered copy"
+    assert model.violations == [] and model.serving() == []
+
+
+def test_a_node_back_from_a_crash_before_its_leases_ended_does_not_keep_its_slots_unserved():
+    """Its new life recovers for a lease and more (it waits out its old leases first), and the
+    others hear from it all along: they still take its slots as soon as its old leases end,
+    since a recovering member is named for no slot; it takes them back once ready. Meanwhile
+    it sends what it is asked for those slots to the members acting for them (seed 319419215:
+    it refused heartbeats itself, and a lease ran out)."""
+    model = Model(11)
+    model.run_until(5.0)
+    n2_slots = set(model.lives["n2"].core.acting_slots(model.lives["n2"].local(model.t)))
+    assert n2_slots
+    model.crash("n2")
+    model.run_until(5.3)
+    model.start("n2")
+    model.run_until(5.0 + LEASE * (1 + 2 * DRIFT) + 0.2)
+    assert not model.lives["n2"].core.ready
+    assert model.serving() == [], "the others act for every slot of n2's old life"
+    actors = {
+        slot: name
+        for name, life in model.lives.items()
+        for slot in life.core.acting_slots(life.local(model.t))
+    }
+    n2 = model.lives["n2"]
+    assert {slot: n2.core.actor_of(slot, n2.local(model.t)) for slot in n2_slots} == {
+        slot: actors[slot] for slot in n2_slots
+    }
+    model.run_until(12.0)
+    life = model.lives["n2"]
+    assert life.core.ready and life.core.serves_share(life.local(model.t))
+    assert model.violations == [] and model.serving() == []
+
+
+def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
+    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core.outbox()
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 0.1)
+    core.receive("n2", Renew(1, 5, [3], [1]), 0.1)
+    core.receive("n2", Accept(3, Ballot(5, 1, "n2"), 1, True, [], []), 0.1)
+    assert [m for _, m in core.outbox() if not isinstance(m, Recover)] == []
+    core.receive("n2", Recover(9), 0.1)
+    assert core.outbox() == [("n2", RecoverReply(9, False, 0, [], 0, 1))]
+
+
+def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
+    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(7, 0.0, cold=True)
+    core.events()
+    core.receive("n2", ColdStart(Ballot(9, 0, "n2")), 0.5)
+    assert core.outbox() == [("n2", ColdAnswer(Ballot(9, 0, "n2"), NO_BALLOT, True))]
+
+
+def test_a_cold_start_won_before_this_node_knew_the_voters_waits_until_it_does():
+    """Links can bring a cold start before gossip brings its members: ready then, a node
+    counting itself as the only voter took all 256 slots alone beside the others."""
+    core = Ownership("n3", lease=3.0, settle=3.0, era_floor=5, rng=random.Random(1), now=0.0)
+    proposal = Ballot(9, 0, "n1")
+    core.receive("n1", ColdStart(proposal), 0.1)
+    assert core.outbox() == [("n1", ColdAnswer(proposal, proposal, False))]
+    core.receive("n1", ColdStarted(proposal), 0.2)
+    assert not core.ready
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.3)
+    assert not core.ready
+    core.knows_the_voters(0.4)
+    assert core.ready and core.era == 9 and core.events() == [Ready(9, cold=True)]
+
+
+def test_a_write_committed_after_its_lease_ran_out_gains_nothing():
+    """A node paused between its write and the answers: the others took the slot and wrote
+    meanwhile, and the answers it woke to made it gain from what it had adopted, without those
+    writes (model seed 1132)."""
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    prepares = [m for _, m in core.outbox() if isinstance(m, Prepare)]
+    slot, ballot = prepares[0].slot, prepares[0].ballot
+    core.receive("n2", Promise(slot, ballot, NO_BALLOT, 0, []), 0.01)
+    write = next(m for _, m in core.outbox() if isinstance(m, Accept) and m.slot == slot)
+    core.events()
+    core.receive("n2", Accepted(slot, ballot, write.version), 5.0)
+    assert not any(isinstance(e, Gained) for e in core.events())
+    assert slot not in core.acting_slots(5.0)
+
+
+def test_a_larger_era_seen_drops_what_an_older_one_left():
+    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(7, 0.0, cold=True)
+    core.receive("n2", Accept(3, Ballot(7, 1, "n2"), 1, True, [record(1)], []), 0.1)
+    assert len(core._acceptors[3].copy) == 1
+    core.receive("n3", Prepare(4, Ballot(8, 1, "n3")), 0.2)
+    assert core.era == 8 and len(core._acceptors[3].copy) == 0
+
+
+# -- pieces ----------------------------------------------------------------------------------
+
+
+def test_an_acceptor_refuses_a_ballot_while_it_leases_the_slot_to_another_member():
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 1.0)
+    assert isinstance(core.outbox()[0][1], Promise)
+    core.receive("n3", Prepare(3, Ballot(5, 2, "n3")), 1.5)
+    ((_, refusal),) = core.outbox()
+    assert isinstance(refusal, Refuse) and refusal.lease_left == pytest.approx(0.5)
+    # The lessee renews and hears who asked; once it resigns, the other gets the slot at once.
+    core.receive("n2", Renew(1, 5, [3], [1]), 1.6)
+    ((_, renewed),) = core.outbox()
+    assert renewed == Renewed(1, [3], [], [], [3], ["n3"])
+    core.receive("n2", Resign(3, Ballot(5, 1, "n2")), 1.7)
+    core.receive("n3", Prepare(3, Ballot(5, 2, "n3")), 1.7)
+    assert isinstance(core.outbox()[0][1], Promise)
+    # A smaller ballot is refused whatever the leases.
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 9.0)
+    assert core.outbox()[0][1].promised == Ballot(5, 2, "n3")
+
+
+def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
+    """Its own acceptor refused for n1's lease, which ends in 0.1 s; n2, its clock ahead,
+    promised: the preparer asks again within a quarter lease, not after a whole one."""
+    core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n3": 1}, {"n1", "n2", "n3"}, 0.0)  # alone: it prepares nothing
+    core.receive("n1", Prepare(3, Ballot(5, 1, "n1")), 0.0)  # leased to n1 until 1.0
+    core._prepare(3, 0.9)
+    core._drain(0.9)  # refused by its own acceptor: one answer of a quorum of two
+    ballot = core._owned[3].ballot
+    core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.95)
+    asks_again_at = core._owned[3].ask_again_at
+    assert asks_again_at <= 0.95 + 0.1 * 1.1
+    core.tick(asks_again_at)
+    assert 3 not in core._owned and core._retry_at[3] == asks_again_at
+
+
+def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum():
+    """Five voters: its own acceptor and n2 promised, n3 refused for n1's lease, and n4's
+    promise comes after the refusal: three promises are a quorum, and it adopts the slot
+    (five-node seed 1835274876 gave up on n3's refusal and left the slot unserved 3.9 s)."""
+    core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
+    core._prepare(3, 0.0)
+    core._drain(0.0)
+    ballot = core._owned[3].ballot
+    core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.01)
+    core.receive("n3", Refuse(3, ballot, Ballot(5, 1, "n1"), 0.5, "n1"), 0.01)
+    assert core._owned[3].phase == "preparing"
+    core.receive("n4", Promise(3, ballot, NO_BALLOT, 0, []), 0.02)
+    assert core._owned[3].phase == "writing" and core._owned[3].ballot == ballot
+
+
+def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
+    copy = SlotCopy()
+    ballot = Ballot(1, 1, "n1")
+    assert copy.apply(Accept(0, ballot, 1, True, [record(1)], []), 0.0)
+    assert copy.apply(Accept(0, ballot, 2, False, [record(2)], [1]), 0.0)
+    assert copy.apply(Accept(0, ballot, 2, False, [record(9)], []), 0.0)  # a repeat: no change
+    assert {r.key for r in copy.records(0.0)} == {2}
+    assert not copy.apply(Accept(0, ballot, 4, False, [record(4)], []), 0.0)  # 3 is missing
+    assert (copy.accepted, copy.version) == (ballot, 2)
+
+
+def test_a_copy_ages_deadlines_and_stretches_them_for_clock_drift():
+    copy = SlotCopy()
+    copy.apply(Accept(0, Ballot(1, 1, "n1"), 1, True, [record(1)], []), 10.0)
+    (aged,) = copy.records(15.0)
+    assert aged.expires_in == pytest.approx(60.0 * (1 + 2 * DRIFT) - 5.0)
+
+
+def test_a_writer_commits_what_a_quorum_holds_and_sends_whole_to_who_fell_behind():
+    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0)
+    voters = {"n1", "n2", "n3"}
+    for _ in range(3):
+        writer.next_version(0.0)
+    writer.held("n1", 3, 0.0)
+    assert writer.committed(voters) == 0 and writer.pending(voters)
+    assert writer.held("n2", 3, 0.0) is False
+    assert writer.committed(voters) == 3 and not writer.pending(voters)
+    assert writer.held("n3", 1, 0.0) is False  # behind: the rest is on its way
+    assert writer.held("n3", 0, 0.0) is True  # could not apply a write: the slot whole, once
+    assert writer.held("n3", 0, 0.0) is False  # (until it holds that whole copy)
+    writer.held("n3", 3, 0.0)
+    writer.next_version(0.0)
+    assert writer.held("n3", 0, 0.0) is True
+
+
+def test_a_writer_sends_again_only_to_who_said_nothing_newer_for_a_while():
+    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0)
+    voters = {"n1", "n2", "n3"}
+    writer.next_version(0.0)
+    writer.held("n1", 1, 0.0)
+    assert writer.stalled(voters, now=0.4, patience=0.5) == []
+    assert writer.stalled(voters, now=0.5, patience=0.5) == ["n2", "n3"]
+    writer.held("n2", 1, 0.6)
+    writer.next_version(0.7)  # n2 was caught up: behind from now on
+    writer.next_version(0.8)
+    writer.held("n2", 2, 1.1)  # behind, but answering: only slow
+    assert writer.stalled(voters, now=1.5, patience=0.5) == ["n1", "n3"]
+    assert writer.stalled(voters, now=1.6, patience=0.5) == ["n1", "n2", "n3"]
+    writer.sent_whole("n3", 1.6)
+    assert writer.stalled(voters, now=2.0, patience=0.5) == ["n1", "n2"]
+
+
+def test_a_write_lost_on_its_way_goes_again_whole_within_a_lease():
+    """Its Accepts lost with a broken link, and no later write to show the acceptors behind:
+    without sending it again, what waits on it would wait as long as the owner keeps the slot
+    (tests/cluster/test_ownership.py's five-node seed 2 held a resignation back that way)."""
+    model = Model(9)
+    model.run_until(5.0)
+    model._maybe_write = lambda life, now: None  # only the write below
+    life = model.lives["n1"]
+    now = life.local(model.t)
+    slot = life.core.acting_slots(now)[0]
+    model.cut |= {("n1", "n2"), ("n1", "n3")}
+    life.core.write(slot, [record(10**6)], [], now)
+    life.core.gate.hold((slot, 10**6))
+    model._after(life, now)
+    model.cut.clear()
+    assert 10**6 not in model.committed[slot]
+    model.run_until(model.t + LEASE)
+    assert 10**6 in model.committed[slot]
+    assert model.violations == []
+
+
+def test_the_gate_holds_back_what_follows_uncommitted_writes_and_fails_it_if_they_are_lost():
+    gate: CommitGate[str] = CommitGate()
+    gate.hold("before anything")
+    gate.written(1, 1)
+    gate.hold("after slot 1")
+    gate.written(2, 1)
+    gate.hold("after slot 2")
+    assert gate.released() == ["before anything"]
+    gate.committed(1, 1)
+    assert gate.released() == ["after slot 1"]
+    gate.lost(2)
+    assert gate.failed() == ["after slot 2"] and gate.released() == []
+
+
+def test_slots_spread_over_the_members():
+    model = Model(9)
+    model.run_until(5.0)
+    acting = [len(life.core.acting_slots(life.local(model.t))) for life in model.lives.values()]
+    assert sum(acting) == SLOTS and min(acting) > SLOTS / 3 * 0.6
+
+
+def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
+    core.outbox()
+    core.receive("n2", Prepare(slot, Ballot(5, 9, "n2")), 0.5)  # n2 holds its lease now
+    assert core.actor_of(slot, 0.6) == "n2"
+    assert core.actor_of(slot, 1.6) == "n3"  # the lease ran out: whom the ring names
+    core.members_changed({"n1": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.7)
+    assert core.actor_of(slot, 0.8) == core.owner_of(slot), "n2 is counted down"
+    # A refusal names the lessee too: a node that was away learns where the slot lives.
+    other = next(s for s in range(SLOTS) if s != slot)
+    core.receive("n3", Refuse(other, Ballot(5, 1, "n1"), Ballot(5, 1, "n1"), 0.5, "n3"), 0.9)
+    assert core.actor_of(other, 1.0) == "n3"
+
+
+def test_a_node_does_not_serve_for_a_lease_its_own_acceptor_promised_it_in_vain():
+    core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3" and not core.acting(s, 0.0))
+    core.outbox()
+    # n3 asked for the slot and promised itself; n2 refused, for n1's lease.
+    core.receive("n3", Prepare(slot, Ballot(5, 4, "n3")), 0.5)
+    assert not core.acting(slot, 0.6)
+    assert core.actor_of(slot, 0.6) == "n3", "nobody else named yet: the ring"
+    core.receive("n2", Refuse(slot, Ballot(5, 4, "n3"), Ballot(5, 1, "n1"), 0.8, "n1"), 0.6)
+    assert core.actor_of(slot, 0.7) == "n1"
+    # n1 wins a larger ballot and writes: the writer, while n3's own promise runs.
+    other = next(s for s in range(SLOTS) if s != slot and core.owner_of(s) == "n3")
+    core.receive("n3", Prepare(other, Ballot(5, 4, "n3")), 0.5)
+    core.receive("n1", Accept(other, Ballot(5, 5, "n1"), 1, True, [record(5)], []), 0.6)
+    assert core.actor_of(other, 0.7) == "n1"
+    assert core.actor_of(other, 1.7) == "n3", "the promise ran out: the ring"
+
+
+def test_a_cluster_grows_from_one_member_one_at_a_time():
+    model = Model(10, start=["n1"])
+    model.run_until(4.0)
+    n1 = model.lives["n1"]
+    assert n1.core.ready and len(n1.core.acting_slots(n1.local(model.t))) == SLOTS
+    model.start("n2")
+    model.run_until(9.0)
+    model.start("n3")
+    model.run_until(15.0)
+    assert all(life.core.ready for life in model.lives.values())
+    assert len({life.core.era for life in model.lives.values()}) == 1, "joined, not cold"
+    acting = [len(life.core.acting_slots(life.local(model.t))) for life in model.lives.values()]
+    assert sum(acting) == SLOTS and min(acting) > 0
+    assert model.violations == []
+
+
+def test_a_copy_keeps_locks_as_values_the_garbage_collector_does_not_walk():
+    """Every acceptor keeps every lock of the cluster: as objects, 20,000 waiting locks were
+    40,000 more objects for each full collection to walk, and a semaphore kept as an object
+    beside them kept the whole table walked (20,000 references). A copy gives back what it
+    took."""
+    copy = SlotCopy()
+    objects, references = held(copy)
+    write = [LockRecord("B", peer_id, 1, 1, 0, True, peer_id) for peer_id in range(2000)]
+    write.append(SemaphoreRecord("B", 7, 2000))
+    copy.apply(Accept(0, Ballot(1, 1, "n1"), 1, True, write, []), 0.0)
+    del write
+    more_objects, more_references = held(copy)
+    assert more_objects - objects < 50 and more_references - references < 500
+    assert {r.key: r for r in copy.records(1.0)} == {
+        lock_key("B", peer_id): LockRecord("B", peer_id, 1, 1, 0, True, peer_id)
+        for peer_id in range(2000)
+    } | {"s:B": SemaphoreRecord("B", 7, 2000)}

@@ -1,0 +1,49 @@
+"""The checkers have teeth: each realistic bug of `simulations/planted.py`, planted in the node's
+code, is caught on a seed that passes without it, within the seeds `make test` sweeps
+(`python -m simulations run --seeds-from FILE --plant BUG --until-caught` over the passing ones
+stops at the one named here, or earlier)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from simulations.planted import PLANTED
+from tests.simulations.test_sweeps import OPEN, SEEDS, failed_seeds, simulate
+
+PASSING = [seed for seed in range(SEEDS) if seed not in OPEN]
+
+# Each planted bug: the seed that catches it, and what the checker that is to catch it says.
+CAUGHT = {
+    "lease-overrun": (3, r"\[max\] [\d.]+: A held \d+ > max 1"),
+    "tokens-restart-on-takeover": (1, r"\[tokens\] [\d.]+: token \d+ on A"),
+    "adopt-any-copy": (2, r"\[tokens\] [\d.]+: token \d+ on A"),
+    "expiry-early": (39, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
+    "gossip-merged-by-sum": (11, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
+    "fifo-skipped-for-small-counts": (0, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
+    "duplicated-grant-on-retry": (2, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
+    "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
+}
+
+
+def test_every_planted_bug_has_a_seed_within_the_budget():
+    assert set(CAUGHT) == set(PLANTED)
+    assert all(seed in PASSING for seed, _ in CAUGHT.values())
+
+
+def test_without_a_planted_bug_those_seeds_pass(tmp_path):
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("".join(f"{seed}\n" for seed in sorted({s for s, _ in CAUGHT.values()})))
+    done = simulate("--seeds-from", str(seeds), timeout=600)
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_a_planted_bug_is_caught(bug):
+    seed, caught_as = CAUGHT[bug]
+    done = simulate("--seed", str(seed), "--plant", bug, timeout=600)
+    assert done.returncode == 1, f"{bug} not caught on seed {seed}\n{done.stdout}"
+    assert failed_seeds(done.stdout) == {seed}
+    assert re.search(caught_as, done.stdout), done.stdout
+    print(done.stdout)
