@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from .nodes import NodeProcess
@@ -40,3 +42,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("anyio") is not None:
             item.own_markers[:] = [mark for mark in item.own_markers if mark.name != "trio"]
+
+
+def pytest_collection_finish(session):
+    """Start the long simulation runs the collected tests wait for (tests/simulations/runs.py)."""
+    if session.config.option.collectonly:
+        return
+    from tests.simulations.runs import RUNS, runs_named
+
+    wanted = runs_named({name for item in session.items for name in item.fixturenames})
+    if wanted:
+        RUNS.start(wanted)
+
+
+def pytest_sessionfinish(session):
+    runs = sys.modules.get("tests.simulations.runs")
+    if runs is not None:
+        runs.RUNS.stop()

@@ -7,35 +7,16 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from simulations.run import read_seeds
+from tests.simulations.runs import ROOT, SEEDS, SEEDS_OF_FIVE, simulate
 
-ROOT = Path(__file__).resolve().parents[2]
-# As many seeds as keep `make test` within 15 minutes here (2 cores), in two processes.
-SEEDS = 64
 # Seeds of that sweep run again in another process, one at a time: the same trace hashes.
 REPLAYED = 5
-# Seeds swept with five nodes too (minority and majority splits; about 20 a minute with 2 jobs).
-SEEDS_OF_FIVE = 10
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions*.txt, until it is fixed.
 OPEN: set[int] = set()
-
-
-def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
-    """`python -m simulations run ...` in a new process, under PYTHONHASHSEED=`hash_seed`."""
-    return subprocess.run(
-        [sys.executable, "-m", "simulations", "run", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},
-    )
 
 
 def hashes(output: str) -> dict[int, str]:
@@ -73,11 +54,6 @@ def test_a_seed_replays_the_same_in_one_process_and_in_another(sweep):
     assert hashes(sweep.stdout)[3] == first
 
 
-@pytest.fixture(scope="module")
-def sweep() -> subprocess.CompletedProcess:
-    return simulate("--seeds", str(SEEDS), "--jobs", "2", "--hashes", timeout=900)
-
-
 def failed_seeds(output: str) -> set[int]:
     return {int(seed) for seed in re.findall(r"^seed (\d+) \(trace", output, re.M)}
 
@@ -87,8 +63,8 @@ def test_every_seed_of_the_sweep_keeps_every_promise_but_the_open_ones(sweep):
     assert failed_seeds(sweep.stdout) == OPEN & set(range(SEEDS)), sweep.stdout
 
 
-def test_every_seed_of_five_nodes_keeps_every_promise():
-    done = simulate("--seeds", str(SEEDS_OF_FIVE), "--nodes", "5", "--jobs", "2", timeout=900)
+def test_every_seed_of_five_nodes_keeps_every_promise(five_node_sweep):
+    done = five_node_sweep
     assert re.search(rf"runs\s+{SEEDS_OF_FIVE} ", done.stdout), done.stderr[-2000:]
     assert re.search(r"faults .*split \d+", done.stdout), done.stdout
     assert failed_seeds(done.stdout) == set(), done.stdout
@@ -107,47 +83,35 @@ def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, tmp_path):
     assert replayed == {seed: swept[seed] for seed in replayed}
 
 
-def test_seeds_that_once_failed_pass(tmp_path):
+def test_seeds_that_once_failed_pass(regressions):
     """Those beyond the sweep: it runs the others, to the same histories."""
     beyond = [s for s in read_seeds(ROOT / "simulations" / "regressions.txt") if s >= SEEDS]
-    listed = tmp_path / "regressions-beyond-the-sweep.txt"
-    listed.write_text("".join(f"{seed}\n" for seed in beyond))
-    done = simulate("--seeds-from", str(listed), "--jobs", "2", "--hashes", timeout=900)
-    assert len(hashes(done.stdout)) == len(beyond)
-    assert failed_seeds(done.stdout) == OPEN & set(beyond), done.stdout
+    assert len(hashes(regressions.stdout)) == len(beyond), regressions.stderr[-2000:]
+    assert failed_seeds(regressions.stdout) == OPEN & set(beyond), regressions.stdout
 
 
-def test_seeds_that_once_failed_with_skew_and_freezes_pass_with_them():
-    listed = ROOT / "simulations" / "regressions-skew.txt"
-    args = ("--seeds-from", str(listed), "--with", "skew,freeze", "--jobs", "2")
-    done = simulate(*args, "--hashes", timeout=600)
-    assert len(hashes(done.stdout)) == len(read_seeds(listed))
-    assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
+def test_seeds_that_once_failed_with_skew_and_freezes_pass_with_them(skew_regressions):
+    seeds = read_seeds(ROOT / "simulations" / "regressions-skew.txt")
+    done = skew_regressions
+    assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
+    assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
 
 
-def test_five_node_seeds_that_once_failed_pass():
-    listed = ROOT / "simulations" / "regressions-five.txt"
-    args = ("--seeds-from", str(listed), "--nodes", "5", "--jobs", "2")
-    done = simulate(*args, "--hashes", timeout=600)
-    assert len(hashes(done.stdout)) == len(read_seeds(listed))
-    assert failed_seeds(done.stdout) == OPEN & set(read_seeds(listed)), done.stdout
+def test_five_node_seeds_that_once_failed_pass(five_node_regressions):
+    seeds = read_seeds(ROOT / "simulations" / "regressions-five.txt")
+    done = five_node_regressions
+    assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
+    assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
 
 
-def test_seeds_make_deep_found_pass_as_it_runs_them(tmp_path):
-    listed = ROOT / "simulations" / "regressions-deep.txt"
-    rows = [
-        line.split()[:2]
-        for line in listed.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    for nodes in sorted({row[1] for row in rows}):
-        seeds = [int(seed) for seed, of in rows if of == nodes]
-        some = tmp_path / f"deep-{nodes}.txt"
-        some.write_text("".join(f"{seed}\n" for seed in seeds))
-        args = ("--seeds-from", str(some), "--nodes", nodes, "--with", "skew,freeze", "--jobs", "2")
-        done = simulate(*args, "--availability", "--hashes", timeout=600)
-        assert len(hashes(done.stdout)) == len(seeds)
-        assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
+def test_seeds_make_deep_found_pass_as_it_runs_them(deep_regressions):
+    listed = (ROOT / "simulations" / "regressions-deep.txt").read_text().splitlines()
+    rows = [line.split()[:2] for line in listed if line.strip() and not line.startswith("#")]
+    assert sorted(deep_regressions) == sorted({nodes for _, nodes in rows})
+    for nodes, done in deep_regressions.items():
+        seeds = {int(seed) for seed, of in rows if of == nodes}
+        assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
+        assert failed_seeds(done.stdout) == OPEN & seeds, done.stdout
 
 
 def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same():
