@@ -37,7 +37,7 @@ class _Loop:
     """An asyncio loop on a daemon thread, running one async client until closed."""
 
     def __init__(self, urls: str | Sequence[str], expires_in: float, options: dict) -> None:
-        self.client: Client | None = None
+        self._client: Client | None = None
         self._portal: BlockingPortal | None = None
         self._started = threading.Event()
         self._failure: BaseException | None = None
@@ -54,7 +54,13 @@ class _Loop:
         if self._failure is not None:
             raise self._failure
 
+    @property
+    def client(self) -> Client:
+        assert self._client is not None  # set before `__init__` returns
+        return self._client
+
     def run(self, afn, *args):
+        assert self._portal is not None
         return self._portal.call(afn, *args)
 
     def close(self) -> None:
@@ -72,7 +78,7 @@ class _Loop:
     async def _main(self, urls, expires_in: float, options: dict) -> None:
         async with BlockingPortal() as portal:
             async with await connect(urls, expires_in=expires_in, **options) as client:
-                self._portal, self.client = portal, client
+                self._portal, self._client = portal, client
                 self._started.set()
                 await portal.sleep_until_stopped()
 
@@ -108,11 +114,11 @@ class BlockingClient:
         held = self._peer.get()
         # (A peer of a loop left behind by a fork is the parent's.)
         outermost = held is None or held[0] is not loop
-        if outermost:
+        if held is not None and not outermost:
+            peer = held[1]
+        else:
             peer = loop.run(client._take_peer)
             context = self._peer.set((loop, peer))
-        else:
-            peer = held[1]
         try:
             lease = loop.run(client._acquire, peer, semaphore, count, seconds(timeout))
             try:

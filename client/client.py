@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any, overload
 from urllib.parse import unquote, urlsplit
 
 import anyio
@@ -121,6 +122,10 @@ async def connect(
     )
 
 
+@overload
+def seconds(interval: float | timedelta) -> float: ...
+@overload
+def seconds(interval: float | timedelta | None) -> float | None: ...
 def seconds(interval: float | timedelta | None) -> float | None:
     """A time interval in seconds, given in seconds or as a `timedelta` (as throttle-client's)."""
     return interval.total_seconds() if isinstance(interval, timedelta) else interval
@@ -184,6 +189,12 @@ class Client:
         """The current connection (its `frames_sent` and `requests_sent` show the batching)."""
         return self._connection
 
+    def _running(self) -> anyio.abc.TaskGroup:
+        """The client's task group, while it is entered (`async with`)."""
+        if self._tasks is None:
+            raise RuntimeError("the client is not entered: use `async with` around it")
+        return self._tasks
+
     async def __aenter__(self) -> Client:
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
@@ -207,8 +218,9 @@ class Client:
                             request = self._session.request("release_peer", peer=peer_id)
                             releases.start_soon(self._quietly, self._connection.call, request)
         finally:
-            self._tasks.cancel_scope.cancel()
-        return await self._tasks.__aexit__(*exc_info)
+            tasks = self._running()
+            tasks.cancel_scope.cancel()
+        return await tasks.__aexit__(*exc_info)
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -333,8 +345,8 @@ class Client:
         peer: Peer | None,
         build: Callable[..., dict],
         *args: object,
-        then: Callable[[object], object] | None = None,
-    ) -> object:
+        then: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """Run the request `build(*args)` makes on some node: reconnect (to the next URL) when
         the connection breaks, restore `peer` when a node forgot it, retry while the cluster is
         unavailable, for at most `CALL_PATIENCE` seconds. Every request is idempotent (an
@@ -358,7 +370,7 @@ class Client:
         peer: Peer | None,
         failure: Exception | None,
         connection: Connection | None,
-    ) -> object:
+    ) -> Any:
         """`_call` after its first try on `connection`, which failed with `failure` (None: not
         made)."""
         recovery = CallRecovery(anyio.current_time(), self._rng, has_peer=peer is not None)
@@ -370,6 +382,7 @@ class Client:
                 if isinstance(decision, GiveUp):
                     raise decision.error
                 if isinstance(decision, RestorePeer):
+                    assert peer is not None  # only a call about a peer restores it
                     await self._restore(peer)
                 else:
                     if decision.elsewhere:
@@ -398,7 +411,7 @@ class Client:
 
     async def _renewing(
         self, peer: Peer | None, build: Callable[..., dict], *args: object
-    ) -> tuple[object, float]:
+    ) -> tuple[Any, float]:
         """`_call` a request that sets a peer's expiry; its result, and when the request that
         was answered was sent (the peer lives at least its expiry from then)."""
         sent_at = -math.inf
@@ -421,7 +434,7 @@ class Client:
             while True:
                 try:
                     self._connection = await Connection.open(
-                        self._tasks,
+                        self._running(),
                         self._nodes.url,
                         self._open_websocket,
                         # A node that takes long (paused) must not hold every call up for a
@@ -476,7 +489,7 @@ class Client:
                 # A beat each time, even while earlier ones are on their way: with answers
                 # slower than a beat, waiting for them would space renewals out beyond expiry.
                 if len(peer.heartbeats_sent) < HEARTBEATS_IN_FLIGHT:
-                    self._tasks.start_soon(self._heartbeat, peer)
+                    self._running().start_soon(self._heartbeat, peer)
 
     async def _heartbeat(self, peer: Peer) -> None:
         session = self._session
@@ -538,6 +551,7 @@ class Locking:
         "_outer",
         "_context",
         "_lease",
+        "_scope",
     )
 
     def __init__(self, client: Client, semaphore: str, count: int, timeout: float | None) -> None:
@@ -551,7 +565,7 @@ class Locking:
         peer = client._task_peer.get()
         # The task's outermost lock takes a peer; the nested ones share it.
         self._outer = peer is None
-        if self._outer:
+        if peer is None:
             peer = await client._take_peer()
         self._peer = peer
         self._context = client._task_peer.set(peer)
@@ -561,8 +575,8 @@ class Locking:
             await self._leave()
             raise
         # A lost lease cancels the body through this scope.
-        lease._scope = anyio.CancelScope()
-        lease._scope.__enter__()
+        lease._scope = self._scope = anyio.CancelScope()
+        self._scope.__enter__()
         self._lease = lease
         return lease
 
@@ -570,7 +584,7 @@ class Locking:
         lease = self._lease
         try:
             # True if the scope swallowed the cancellation it raised itself: the lease was lost.
-            swallowed = lease._scope.__exit__(etype, exc, tb)
+            swallowed = self._scope.__exit__(etype, exc, tb)
         finally:
             try:
                 await self._client._let_go(self._peer, self._semaphore, lease)

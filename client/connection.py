@@ -12,13 +12,20 @@ import asyncio
 import functools
 import sys
 from collections import deque
+from typing import Any
 
 import anyio
 import msgpack
 
 from .recovery import ConnectionLost
 from .session import Unauthorized, error_from
-from .websocket import HandshakeRefused, OpenWebSocket, WebSocketClosed, open_websocket
+from .websocket import (
+    HandshakeRefused,
+    OpenWebSocket,
+    WebSocket,
+    WebSocketClosed,
+    open_websocket,
+)
 
 PROTOCOL_VERSION = 1
 CONNECT_TIMEOUT = 5.0
@@ -43,7 +50,14 @@ class _Slot:
         self.answer: dict | None = None
         # Given up with the connection retired (`Connection.retire`): the caller asks elsewhere.
         self.lost = False
-        self.sleeper = None  # while the caller sleeps: its task (trio), or a future (asyncio)
+        # While the caller sleeps: its task (trio), or a future (asyncio).
+        self.sleeper: Any = None
+
+    async def sleep(self) -> None:
+        raise NotImplementedError
+
+    def wake(self) -> None:
+        raise NotImplementedError
 
 
 class _AsyncioSlot(_Slot):
@@ -141,14 +155,14 @@ class Connection:
     ) -> Connection:
         """Connect to `url` (a node's `/ws`) and say `hello` (with the client's token, say),
         within `timeout`; the connection's tasks run in `tasks`."""
-        ws = None
+        ws: WebSocket | None = None
         try:
             with anyio.fail_after(timeout):
                 ws = await open_websocket(url)
                 await ws.send_message(msgpack.packb(hello or {"hello": PROTOCOL_VERSION}))
                 welcome = msgpack.unpackb(await ws.get_message())
         except (OSError, HandshakeRefused, *_BROKEN, TimeoutError) as error:
-            if getattr(ws, "close_code", None) == CLOSE_UNAUTHORIZED:
+            if ws is not None and getattr(ws, "close_code", None) == CLOSE_UNAUTHORIZED:
                 raise Unauthorized(f"{url} refused the client's token: {ws.closed}") from None
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
         connection = cls(ws, welcome.get("node", url), tasks, welcome.get("check_times", False))
@@ -324,7 +338,7 @@ class Connection:
         """The answer to a check asked `times` times: a decision for each call, in order (or
         one error for all)."""
         ids = self._groups.pop(answer["id"])
-        results = answer.get("ok")
+        results = answer.get("ok") or []
         for position, request_id in enumerate(ids):
             waiting = self._waiting.get(request_id)
             if waiting is not None:

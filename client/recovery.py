@@ -153,7 +153,7 @@ class NodeChoice:
         self._failed_in_round = 0
         self._backoff = Backoff(self._rng)
 
-    def failed(self, now: float, give_up_at: float) -> Decision:
+    def failed(self, now: float, give_up_at: float) -> Retry | GiveUp:
         """`url` did not answer: the next one, at once or (after a whole round) after a wait."""
         self.skip(now)
         self._failed_in_round += 1

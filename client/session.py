@@ -91,7 +91,7 @@ class RequestRefused(SluicegateError):
     """Any other refusal of the protocol (bad request, never acquirable, already pending...)."""
 
 
-_ERRORS = {
+_ERRORS: dict[str, type[SluicegateError]] = {
     cls.code: cls
     for cls in (
         UnknownSemaphore,
@@ -107,7 +107,7 @@ _ERRORS["quota_full"] = _ERRORS["beyond_limit"] = LimitReached
 
 
 def error_from(answer: dict) -> SluicegateError:
-    cls = _ERRORS.get(answer.get("error"), RequestRefused)
+    cls = _ERRORS.get(answer.get("error") or "", RequestRefused)
     error = cls(answer.get("message") or answer.get("error") or "refused")
     error.code = answer.get("error", cls.code)
     retry_here_for = answer.get("retry_here_for")

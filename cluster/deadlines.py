@@ -16,7 +16,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Hashable, Set
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 from .graveyard import FREED_AT_ONCE, Graveyard
 
@@ -50,8 +50,16 @@ class Deadlines(Generic[K]):
     def __contains__(self, key: K) -> bool:
         return key in self._at
 
+    @overload
+    def get(self, key: K) -> float | None: ...
+    @overload
+    def get(self, key: K, default: float) -> float: ...
     def get(self, key: K, default: float | None = None) -> float | None:
         return self._at.get(key, default)
+
+    def at(self, key: K) -> float:
+        """The deadline of `key`, which is set (KeyError otherwise)."""
+        return self._at[key]
 
     def set(self, key: K, at: float) -> None:
         order = self._order.get(key)
@@ -108,7 +116,8 @@ class Deadlines(Generic[K]):
         `most` of them at most, those with the earliest deadlines. They stay set: the caller
         sets them again or pops them. At most `STALE_CHUNK` stale entries are thrown out on the
         way: `next_deadline` says when to look again."""
-        heap, found, stale = self._heap, {}, 0
+        heap, stale = self._heap, 0
+        found: dict[K, tuple[float, int, K]] = {}
         while heap and heap[0][0] <= now and (most is None or len(found) < most):
             entry = heapq.heappop(heap)
             at, order, key = entry

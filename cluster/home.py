@@ -319,7 +319,7 @@ class Home:
             self._tell_owner(peer_id, name, now)
         due = {*self._unconfirmed.due(now, TIMER_CHUNK), *self._resend.due(now, TIMER_CHUNK)}
         for key in sorted(due, key=self._unconfirmed.order):
-            if now >= self._unconfirmed.get(key):
+            if now >= self._unconfirmed.at(key):
                 self._confirm(*key)
             else:
                 self._send_release(*key, now)
@@ -372,7 +372,9 @@ class Home:
         if pending is not None and pending[0] == name:
             message: object = LockRequest(peer_id, name, pending[1], ticket)
         else:
-            message = LockRestore(peer_id, name, self.peers.holds(peer_id, name), ticket)
+            held = self.peers.holds(peer_id, name)
+            assert held is not None  # a lock with a ticket that does not wait is held
+            message = LockRestore(peer_id, name, held, ticket)
         self._due.set((peer_id, name), now + RETRY_INTERVAL)
         owner = self._owner_of(name)
         if owner is not None:

@@ -146,7 +146,7 @@ class Owner:
             granted = leases.restore(message.peer_id, name, message.count, message.ticket) or None
         if granted is None:
             return  # a ticket below the latest: stale
-        token = leases.token(message.peer_id, name) if granted else 0
+        token = leases.grant(message.peer_id, name)[1] if granted else 0
         self._outbox.append(
             (sender, LockAnswer(message.peer_id, name, message.ticket, granted, token))
         )
@@ -157,8 +157,7 @@ class Owner:
         delivered = []
         for grant in self.leases.events():
             self._dirty.setdefault(grant.semaphore, set()).add(grant.peer_id)
-            ticket = self.leases.ticket(grant.peer_id, grant.semaphore)
-            token = self.leases.token(grant.peer_id, grant.semaphore)
+            ticket, token = self.leases.grant(grant.peer_id, grant.semaphore)
             home = self._home_of(grant.peer_id)
             if home is not None:
                 self._outbox.append(

@@ -555,11 +555,11 @@ class Ownership:
                 self._lose(slot, now, resigned=False)
                 self._retry_at[slot] = now
         for slot in list(self._awaiting_previous):
-            owned = self._owned.get(slot)
-            if owned is None or owned.phase != PREPARING:
+            awaiting = self._owned.get(slot)
+            if awaiting is None or awaiting.phase != PREPARING:
                 self._awaiting_previous.discard(slot)
             else:
-                self._adopt_when_promised(slot, owned, now)
+                self._adopt_when_promised(slot, awaiting, now)
         if self.ready:
             if self.leaving:
                 self._to_resign.update(self._owned)
@@ -581,6 +581,7 @@ class Ownership:
     def write(self, slot: int, records: list[Record], gone: list[int | str], now: float) -> None:
         """Write the changes of a slot this node acts for (`acting(slot, now)`)."""
         owned = self._owned[slot]
+        assert owned.writer is not None  # it acts for the slot
         write = Accept(slot, owned.ballot, owned.writer.next_version(now), False, records, gone)
         self.gate.written(slot, write.version)
         self._to_voters(write)
@@ -665,7 +666,8 @@ class Ownership:
         elif acceptor.leased_to_other(ballot.member, now):
             acceptor.wanted.add(ballot.member)
             left = acceptor.lease_until - now
-            self._send(sender, Refuse(slot, ballot, acceptor.promised, left, acceptor.lessee))
+            refusal = Refuse(slot, ballot, acceptor.promised, left, acceptor.lessee or "")
+            self._send(sender, refusal)
         else:
             acceptor.lease(ballot, now, self.lease)
             copy = acceptor.copy
@@ -744,6 +746,7 @@ class Ownership:
                 self._become_ready(self._cold_started.era, now, cold=True)
             return
         recovery = self._recovery
+        assert recovery is not None  # it recovers until it is ready
         others = sorted(self._voters - {self.me})
         again = now >= self._recover_at
         if again:
@@ -807,6 +810,7 @@ class Ownership:
         self._recover(now)
 
     def _adopt_recovery(self, ready: list[str], now: float) -> None:
+        assert self._recovery is not None
         replies = [self._recovery.replies[member] for member in ready]
         era = max(reply.era for reply in replies)
         best: list[SlotImage | None] = [None] * SLOTS
@@ -823,11 +827,11 @@ class Ownership:
         self.era = era
         for slot, acceptor in enumerate(self._acceptors):
             acceptor.promised = max(promised[slot], self._floor())
-            image = best[slot]
-            if image is None:
+            adopted = best[slot]
+            if adopted is None:
                 acceptor.copy.clear()
             else:
-                acceptor.copy.replace(image.accepted, image.version, image.records, now)
+                acceptor.copy.replace(adopted.accepted, adopted.version, adopted.records, now)
             self._seen[slot] = max(self._seen[slot], acceptor.promised)
         self._recovery = None
         self.ready = True

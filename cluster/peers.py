@@ -21,6 +21,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import Final, cast, overload
 
 from .errors import (
     AlreadyPending,
@@ -102,14 +103,33 @@ class AskOwner:
 # peer made a node's full collections 30 to 40 ms long at 100,000 peers. Such tuples must be built
 # at run time: a constant tuple is frozen with the module and stays tracked.
 Peer = tuple[float, float, int, tuple, "tuple[str, int] | None", tuple, tuple, int]
-EXPIRES_AT, LEASE, OP, HELD, PENDING, TICKETS, TOKENS, NEXT_TICKET = range(8)
+EXPIRES_AT: Final = 0
+LEASE: Final = 1
+OP: Final = 2
+HELD: Final = 3
+PENDING: Final = 4
+TICKETS: Final = 5
+TOKENS: Final = 6
+NEXT_TICKET: Final = 7
 
 
+@overload
+def _get(pairs: tuple, key: str) -> int | None: ...
+@overload
+def _get(pairs: tuple, key: str, default: int) -> int: ...
 def _get(pairs: tuple, key: str, default: int | None = None) -> int | None:
     for name, value in pairs:
         if name == key:
             return value
     return default
+
+
+def _ticket(peer: Peer, name: str) -> int:
+    """The ticket of a lock the peer holds or waits for (each has one)."""
+    ticket = _get(peer[TICKETS], name)
+    if ticket is None:
+        raise KeyError(f"no ticket for {name!r}")
+    return ticket
 
 
 def _put(pairs: tuple, key: str, value: int) -> tuple:
@@ -135,7 +155,7 @@ def _names(peer: Peer) -> list[str]:
 
 
 def _with_tickets(peer: Peer) -> list[tuple[str, int]]:
-    return [(name, _get(peer[TICKETS], name)) for name in _names(peer)]
+    return [(name, _ticket(peer, name)) for name in _names(peer)]
 
 
 class PeerTable:
@@ -193,7 +213,7 @@ class PeerTable:
         if op < peer[OP]:
             raise StaleOperation(op, peer[OP])
         if op != peer[OP]:
-            self._peers[peer_id] = (*peer[:OP], op, *peer[OP + 1 :])
+            self._peers[peer_id] = cast(Peer, (*peer[:OP], op, *peer[OP + 1 :]))
 
     def heartbeat(self, peer_id: int, expires_at: float, lease: float = 0.0) -> None:
         self._set_lease(peer_id, self._peer(peer_id), lease)
@@ -264,12 +284,11 @@ class PeerTable:
             peer = self._peers.get(peer_id)
             if peer is None:
                 continue
-            tickets = peer[TICKETS]
             for name, count in peer[HELD]:
-                yield peer_id, name, count, False, _get(tickets, name)
+                yield peer_id, name, count, False, _ticket(peer, name)
             if peer[PENDING] is not None:
                 name, count = peer[PENDING]
-                yield peer_id, name, count, True, _get(tickets, name)
+                yield peer_id, name, count, True, _ticket(peer, name)
 
     # -- locks -------------------------------------------------------------------------------
 
@@ -454,7 +473,7 @@ class PeerTable:
     ) -> list[tuple[int, list[tuple[str, int]]]]:
         """Remove the peers whose deadline is at or before `now` (unless `spared`, for now), at
         most `most` of them, soonest first: (peer id, its locks (semaphore, ticket))."""
-        expired = []
+        expired: list[tuple[int, list[tuple[str, int]]]] = []
         later = []
         while len(expired) < most:
             self._drop_stale_expiry()
@@ -464,7 +483,9 @@ class PeerTable:
             if spared(entry[1]):
                 later.append(entry)
                 continue
-            expired.append((entry[1], _with_tickets(self._pop(entry[1]))))
+            peer = self._pop(entry[1])
+            assert peer is not None  # the entry was not stale
+            expired.append((entry[1], _with_tickets(peer)))
         for entry in later:
             heapq.heappush(self._expiry, entry)
         return expired

@@ -16,7 +16,7 @@ one key (a hand-over and what a node learnt otherwise) become the stricter one.
 * `FixedWindow(limit, window)`: at most `limit` per window; windows are aligned to multiples of
   `window` since the epoch, so every node agrees on them.
 * `SlidingLog(limit, window)`: any limit + 1 consecutive admissions span more than `window`
-  (seed 004's guarantee); it keeps at most `limit` timestamps.
+  (the sliding log's own guarantee); it keeps at most `limit` timestamps.
 * `SlidingWindowCounter(limit, window)`: the previous window's count, weighted by how much of it
   still overlaps the sliding window, plus the current one's: approximate, constant memory.
 * `Gcra(rate, burst)`: the generic cell rate algorithm, one timestamp per key; it decides
@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
 
 # The shortest wait a sorry asks for: "any moment now" (a microsecond).
 SOON = 1e-6
@@ -357,7 +358,27 @@ class Gcra:
         return state.tat
 
 
-Algorithm = TokenBucket | FixedWindow | SlidingLog | SlidingWindowCounter | Gcra
+S = TypeVar("S")
+
+
+class Algorithm(Protocol[S]):
+    """What a limiter asks of its algorithm, over the algorithm's own state `S` per key."""
+
+    name: ClassVar[str]
+    max_weight: int
+
+    def new_state(self, now: float) -> S: ...
+    def spent(self, at: float) -> S: ...
+    def values(self, state: S) -> tuple[float, ...]: ...
+    def from_values(self, values: tuple[float, ...]) -> S: ...
+    def merge(self, a: S, b: S) -> S: ...
+    def check(self, state: S, n: int, now: float) -> Decision: ...
+    def consume(self, state: S, n: int, at: float) -> float: ...
+    def idle_at(self, state: S) -> float: ...
+
+
+# A limiter keeps its keys' states without knowing their type: each goes back to its algorithm.
+AnyAlgorithm = Algorithm[Any]
 ALGORITHMS: dict[str, type] = {
     cls.name: cls for cls in (TokenBucket, FixedWindow, SlidingLog, SlidingWindowCounter, Gcra)
 }

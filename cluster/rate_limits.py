@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from .errors import BeyondLimit, InvalidWeight, QuotaFull, UnknownLimiter
 from .limits import DEFAULT_LIMITS, Limits
-from .rate_algorithms import ALGORITHMS, Algorithm, Decision
+from .rate_algorithms import ALGORITHMS, AnyAlgorithm, Decision
 from .ring import rate_key
 from .slots import NO_BALLOT, Ballot, slot_of
 
@@ -60,7 +60,7 @@ class RateLimiterConfig:
     window: float | None = None
     mode: str = "exact"
 
-    def build(self) -> Algorithm:
+    def build(self) -> AnyAlgorithm:
         match self.algorithm:
             case "token_bucket":
                 return ALGORITHMS["token_bucket"](self.limit, self.rate)
@@ -224,13 +224,15 @@ class RateLimits:
     def names(self) -> list[str]:
         return list(self._algorithms)
 
-    def validate(self, limiter: str, n: int) -> None:
-        """Raise what a check of `n` would raise before deciding anything."""
+    def validate(self, limiter: str, n: int) -> AnyAlgorithm:
+        """The limiter's algorithm; raises what a check of `n` would raise before deciding
+        anything."""
         algorithm = self._algorithms.get(limiter)
         if algorithm is None:
             raise UnknownLimiter(limiter)
         if not 1 <= n <= algorithm.max_weight:
             raise InvalidWeight(n, algorithm.max_weight)
+        return algorithm
 
     def mode(self, limiter: str) -> str:
         if limiter not in self._modes:
@@ -252,7 +254,7 @@ class RateLimits:
         counts alone (a waiting caller's tries: its outcome is tallied once, `tally`)."""
         algorithm = self._algorithms.get(limiter)
         if algorithm is None or not 1 <= n <= algorithm.max_weight:
-            self.validate(limiter, n)  # raises what is wrong
+            algorithm = self.validate(limiter, n)  # raises what is wrong
         if len(key) > self._limits.key_length:
             raise BeyondLimit("key_length", f"a key of {len(key)} characters")
         which = (limiter, key)
@@ -422,7 +424,7 @@ class RateLimits:
     def keys(self) -> int:
         return len(self._states)
 
-    def _state(self, limiter: str, algorithm: Algorithm, key: str, now: float) -> object:
+    def _state(self, limiter: str, algorithm: AnyAlgorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
             spent_at = (
@@ -493,7 +495,7 @@ class RememberedGoes:
         generations = [self._before.get(key), self._now.get(key)]
         if drop:
             self._before.pop(key, None)
-            self._count -= len(self._now.pop(key, None) or ())
+            self._count -= len(self._now.pop(key, {}))
         return tuple(
             RememberedGo(retry_id, decision.remaining)
             for goes in generations

@@ -385,11 +385,16 @@ class SemaphoreLeases:
     @property
     def grace_until(self) -> float | None:
         """When the next grace period ends; None while none runs."""
-        return min((self._semaphores[n].grace_until for n in self._in_grace), default=None)
+        ends = [self._semaphores[n].grace_until for n in self._in_grace]
+        return min([end for end in ends if end is not None], default=None)
 
     def end_grace(self, now: float) -> bool:
         """End the grace periods whose time has come, granting the waiters that fit."""
-        ended = [n for n in self._in_grace if now >= self._semaphores[n].grace_until]
+        ended = []
+        for name in self._in_grace:
+            until = self._semaphores[name].grace_until
+            if until is None or now >= until:
+                ended.append(name)
         for name in ended:
             self._in_grace.discard(name)
             sem = self._semaphores[name]
@@ -400,6 +405,11 @@ class SemaphoreLeases:
     def token(self, peer_id: int, semaphore: str) -> int | None:
         """The fencing token of the peer's grant on `semaphore`; None unless it holds a lock."""
         return self._semaphore(semaphore).tokens.get(peer_id)
+
+    def grant(self, peer_id: int, semaphore: str) -> tuple[int, int]:
+        """(ticket, fencing token) of a lock the peer holds; KeyError if it holds none."""
+        sem = self._semaphore(semaphore)
+        return sem.tickets[peer_id], sem.tokens[peer_id]
 
     def remainder(self, semaphore: str) -> int:
         sem = self._semaphore(semaphore)

@@ -119,9 +119,11 @@ def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) ->
             return core.acquire(peer_id, semaphore, count, now, expires_in)
         case ReleaseLock(peer_id, semaphore, number):
             core.numbered(peer_id, number)
-            return core.release_lock(peer_id, semaphore)
+            core.release_lock(peer_id, semaphore)
+            return None
         case Heartbeat(peer_id, expires_in):
-            return core.heartbeat(peer_id, now + expires_in)
+            core.heartbeat(peer_id, now + expires_in)
+            return None
         case NewPeer(expires_in, key):
             return core.new_peer(now + expires_in, rng, key)
         case ReleasePeer(peer_id, number):
@@ -133,7 +135,8 @@ def apply(core: SemaphoreCore, op: Operation, now: float, rng: random.Random) ->
         case Remainder(semaphore):
             return core.remainder(semaphore)
         case Restore(peer_id, expires_in, acquired, number):
-            return core.restore(peer_id, acquired, now + expires_in, number)
+            core.restore(peer_id, acquired, now + expires_in, number)
+            return None
         case ListPeers(low, high, most):
             return core.peer_ids(low, high, most)
     raise TypeError(f"not a semaphore operation: {op!r}")

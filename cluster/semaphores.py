@@ -91,7 +91,7 @@ class SemaphoreCore:
         if not isinstance(decision, AskOwner):
             return decision
         if self._leases.request(peer_id, semaphore, count, now, decision.ticket):
-            token = self._leases.token(peer_id, semaphore)
+            _, token = self._leases.grant(peer_id, semaphore)
             self._peers.granted(peer_id, semaphore, decision.ticket, token)
             return True
         return False
@@ -182,8 +182,7 @@ class SemaphoreCore:
     def _deliver_grants(self) -> None:
         for grant in self._leases.events():
             # In one process the home always still waits for the grant it asked for.
-            ticket = self._leases.ticket(grant.peer_id, grant.semaphore)
-            token = self._leases.token(grant.peer_id, grant.semaphore)
+            ticket, token = self._leases.grant(grant.peer_id, grant.semaphore)
             delivered = self._peers.granted(grant.peer_id, grant.semaphore, ticket, token)
             assert delivered, grant
             self._events.append(grant)

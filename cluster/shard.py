@@ -26,6 +26,7 @@ import random
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from .errors import NotServing, SemaphoreError, UnknownPeer, UnknownSemaphore
 from .home import Confirmed, Granted, Home, Queued, Removed
@@ -33,15 +34,18 @@ from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
     Audit,
     HomeToOwner,
+    LockAnswer,
     LockRefused,
+    LockReleased,
     LockRequest,
     LockRestore,
-    OwnerToHome,
 )
 from .owner import Owner
 from .ownership import Gained, Lost, Ownership
+from .ownership import Message as OwnershipMessage
 from .parked import STOP_CHUNK, ParkedAcquires
 from .peers import PeerRecord
+from .replication import Record
 from .ring import peer_key, semaphore_key
 from .semaphore_leases import SemaphoreConfig, SemaphoreStats
 from .semaphore_ops import (
@@ -182,7 +186,7 @@ class Shard:
             self._reply(self._waits_for_releases(op), Answer(request_id, error=error))
         else:
             if isinstance(op, Acquire):
-                self._acquired(request_id, op, result, now)
+                self._acquired(request_id, op, cast("bool | None", result), now)
             else:
                 self._reply(self._waits_for_releases(op), Answer(request_id, result))
         self._end(now)
@@ -309,12 +313,12 @@ class Shard:
     def _apply(self, op: Operation, now: float) -> object:
         home = self.home
         match op:
-            case NewPeer(expires_in, key):
+            case NewPeer(lifetime, key):
                 if not self.ownership.acts_for_any(now):
                     raise NotServing(f"{self.me} acts for no slot now")
                 return home.new_peer(
                     now,
-                    expires_in,
+                    lifetime,
                     self._rng,
                     lambda peer_id: self.serves_peer(peer_id, now),
                     key,
@@ -386,12 +390,12 @@ class Shard:
             ]
             if kept:
                 self.home.receive(sender, Audit(*map(list, zip(*kept, strict=True))), now)
-        elif isinstance(message, OwnerToHome):
+        elif isinstance(message, LockAnswer | LockRefused | LockReleased):
             if self.serves_peer(message.peer_id, now):
                 self.home.receive(sender, message, now)
         else:
             self._hold(now)
-            self.ownership.receive(sender, message, now)
+            self.ownership.receive(sender, cast(OwnershipMessage, message), now)
 
     # -- the step: apply, write, hold back, release ----------------------------------------
 
@@ -482,18 +486,18 @@ class Shard:
 
     def _write(self, now: float) -> None:
         """Write every slot changed in this step, then hold what the step produced behind it."""
-        by_slot: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
+        by_slot: dict[int, tuple[list[Record], list[int | str]]] = defaultdict(lambda: ([], []))
         records, gone = self.home.changed(now)
         for record in records:
             by_slot[slot_of(peer_key(record.peer_id))][0].append(record)
         for peer_id in gone:
             by_slot[slot_of(peer_key(peer_id))][1].append(peer_id)
         for name, written, removed in self.owner.changed():
-            slot = by_slot[self._semaphore_slot[name]]
-            slot[0].extend(written)
-            slot[1].extend(removed)
-        for slot, (written, removed) in sorted(by_slot.items()):
-            self.ownership.write(slot, written, removed, now)
+            records_of_slot, gone_of_slot = by_slot[self._semaphore_slot[name]]
+            records_of_slot.extend(written)
+            gone_of_slot.extend(removed)
+        for slot, (changed, dropped) in sorted(by_slot.items()):
+            self.ownership.write(slot, changed, dropped, now)
         gate = self.ownership.gate
         for item in self._step.items:
             gate.hold(item)

@@ -30,6 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from .cluster_admin import authorization
 from .config import whole_number
@@ -43,7 +44,8 @@ class Unreachable(Exception):
     pass
 
 
-def fetch(url: str) -> object:
+def fetch(url: str) -> Any:
+    """The JSON a node answers at `url`."""
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT) as answer:
             return json.loads(answer.read())

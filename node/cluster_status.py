@@ -47,6 +47,7 @@ async def get_json(
     host, _, port = address.rpartition(":")
     try:
         with trio.fail_after(timeout):
+            stream: trio.abc.Stream
             if tls is None:
                 stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
             else:
@@ -67,14 +68,14 @@ async def _exchange(
     connection = h11.Connection(h11.CLIENT)
     headers = [("host", address), ("connection", "close")]
     if authorization is not None:
-        headers.append(("authorization", authorization))
+        headers.append(("authorization", authorization.decode("latin-1")))
     request = h11.Request(method="GET", target=path, headers=headers)
     await stream.send_all(connection.send(request) + connection.send(h11.EndOfMessage()))
     status, body = 0, bytearray()
     while True:
         event = connection.next_event()
         if event is h11.NEED_DATA:
-            connection.receive_data(await stream.receive_some(65536))
+            connection.receive_data(bytes(await stream.receive_some(65536)))
         elif isinstance(event, h11.Response):
             status = event.status_code
         elif isinstance(event, h11.Data):

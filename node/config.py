@@ -90,6 +90,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, overload
 
 from sluicegate.cluster.dns_seeds import (
     AddressError,
@@ -206,7 +207,7 @@ def parse_config(text: str, source: str = "<config>") -> NodeConfig:
     )
 
 
-def parse_section(name: str, table: object, source: str) -> object:
+def parse_section(name: str, table: object, source: str) -> Any:
     """One section of the file (`semaphores`, `rate_limits`, `logging`, `cluster`, `limits`,
     `tls`, `auth`) checked by the file's rules: what `parse_config` makes of it."""
     return _SECTIONS[name](table, source)
@@ -385,7 +386,7 @@ def _cluster(table: object, source: str) -> ClusterConfig:
 def _limits(table: object, source: str) -> Limits:
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: [limits] must be a table")
-    limits = {}
+    limits: dict[str, Any] = {}
     for key, value in table.items():
         if key not in Limits.__dataclass_fields__:
             raise ConfigError(f"{source}: limits.{key} is not a limit")
@@ -458,9 +459,17 @@ def _auth(table: object, source: str) -> dict[str, TokenConfig]:
     return tokens
 
 
+@overload
 def _duration(
-    table: dict, key: str, default: float, source: str, zero_ok=False, prefix: str = "cluster"
-) -> float:
+    table: dict, key: str, default: float, source: str, zero_ok=..., prefix: str = ...
+) -> float: ...
+@overload
+def _duration(
+    table: dict, key: str, default: None, source: str, zero_ok=..., prefix: str = ...
+) -> float | None: ...
+def _duration(
+    table: dict, key: str, default: float | None, source: str, zero_ok=False, prefix="cluster"
+) -> float | None:
     value = table.get(key)
     if value is None:
         return default

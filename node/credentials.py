@@ -44,6 +44,7 @@ def _secret(name: str, config: TokenConfig, environ: Mapping[str, str]) -> bytes
         secret = environ.get(config.secret_env, "").strip()
         where = f"the variable {config.secret_env}"
     else:
+        assert config.secret_file is not None  # one of the two is given (node/config.py)
         where = f"the file {config.secret_file}"
         try:
             secret = Path(config.secret_file).read_text(encoding="utf-8").strip()

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote_to_bytes
 
 import trio
@@ -31,6 +32,7 @@ from sluicegate.cluster.semaphore_ops import (
     Heartbeat,
     IsAcquired,
     NewPeer,
+    Operation,
     ReleaseLock,
     ReleasePeer,
     Remainder,
@@ -47,6 +49,8 @@ from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
 from .semaphore_service import ClusterSemaphores, LocalSemaphores
 from .throttle_metrics import render as render_throttle_metrics
+
+T = TypeVar("T")
 
 log = logging.getLogger("sluicegate.http")
 
@@ -201,7 +205,7 @@ class Request:
             pass
         scope.cancel()
 
-    async def json(self) -> object:
+    async def json(self) -> Any:
         content_type = (self.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
         if not (content_type == b"application/json" or content_type.endswith(b"+json")):
             raise Rejection(text("Expected request with `Content-Type: application/json`", 415))
@@ -214,7 +218,7 @@ class Request:
             ) from None
 
 
-def _shaped(convert: Callable[[], object]) -> object:
+def _shaped(convert: Callable[[], T]) -> T:
     try:
         return convert()
     except serde.ShapeError as error:
@@ -405,7 +409,7 @@ class ThrottleApi:
         throttle = render_throttle_metrics(await self.semaphores.stats())
         return text(throttle + self.extra_metrics())
 
-    async def _call(self, request: Request, op: object) -> object:
+    async def _call(self, request: Request, op: Operation) -> Any:
         """`op` on the semaphores, if the request's token may make it."""
         if request.token is not None:
             op = admit(request.token, op)
@@ -432,7 +436,7 @@ class ThrottleApi:
         return Response(200, f"[{','.join(parts)}]".encode(), JSON)
 
     async def _own_peers(self, token: Token, limit: int | None) -> list[int]:
-        own = []
+        own: list[int] = []
         every = await self.semaphores.list_peers()
         for start in range(0, len(every), ENCODE_CHUNK):
             own.extend(p for p in every[start : start + ENCODE_CHUNK] if token.owns(p))
@@ -634,7 +638,7 @@ class Router:
 
 def allow_header(methods: dict[str, Callable]) -> bytes:
     # As axum writes it: GET brings HEAD along, methods joined by a bare comma.
-    allowed = []
+    allowed: list[str] = []
     for method in methods:
         allowed.extend(GET if method == "GET" else (method,))
     return ",".join(allowed).encode()

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
@@ -123,6 +123,8 @@ HANDSHAKE_MESSAGES = {1000: Challenge, 1001: Hello, 1002: Welcome, 1003: Sequenc
 
 NONCE_BYTES = 16
 
+M = TypeVar("M")
+
 
 class LinkRefused(Exception):
     """The other end failed the handshake (wrong secret, wrong node, or nonsense)."""
@@ -138,8 +140,8 @@ def proof_of_secret(secret: bytes, role: bytes, nonce: bytes, prover: str, verif
 
 
 async def _receive_one(
-    conn: MessageConnection, codec: Codec, expected: type, clock: Clock = TRIO_CLOCK
-) -> object:
+    conn: MessageConnection, codec: Codec, expected: type[M], clock: Clock = TRIO_CLOCK
+) -> M:
     with clock.fail_after(HANDSHAKE_TIMEOUT):
         data = await conn.get_message()
     if not isinstance(data, bytes):

@@ -245,7 +245,7 @@ class Accepted(trio.abc.HalfCloseableStream):
                     return None
         return None
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if not self._first:
             return await self.stream.receive_some(max_bytes)
         await trio.lowlevel.checkpoint()

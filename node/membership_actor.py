@@ -190,6 +190,12 @@ class MembershipActor:
         """Gossip heartbeat count of each live member: how many ticks it has lived."""
         return {node_id: self.heartbeat_of(node_id) for node_id in self.live_members()}
 
+    def _running(self) -> trio.Nursery:
+        """The actor's nursery (`run`), where its dialers and introductions run."""
+        if self._nursery is None:
+            raise RuntimeError("the membership actor is not running")
+        return self._nursery
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -235,7 +241,7 @@ class MembershipActor:
                 # smaller id dials), so a restarted node that knows nobody would never hear from
                 # the others; an introduction reaches it from either side.
                 self._introducing.add(address)
-                self._nursery.start_soon(self._introduce, address, gossip)
+                self._running().start_soon(self._introduce, address, gossip)
 
     def _remind_of_down_members(self, now: float) -> None:
         down = self.down_members()
@@ -249,16 +255,19 @@ class MembershipActor:
                 ", ".join(sorted(down)),
             )
 
+    def _definitions_of(self, node_id: str) -> str:
+        state = self._membership.state_of(node_id)
+        return "unknown" if state is None else state.definitions
+
     def _tell_of_drift(self, now: float) -> None:
         drifted = self.drifted_members()
         changed = drifted != self._drifted
         self._drifted = drifted
         if drifted and (changed or now >= self._drift_told_at + DRIFT_REMINDER):
             self._drift_told_at = now
-            mine = self._membership.state_of(self.node_id).definitions
+            mine = self._definitions_of(self.node_id)
             theirs = ", ".join(
-                f"{node_id} ({self._membership.state_of(node_id).definitions})"
-                for node_id in sorted(drifted)
+                f"{node_id} ({self._definitions_of(node_id)})" for node_id in sorted(drifted)
             )
             log.warning(
                 "Members configured with other semaphores or rate limiters than this node "
@@ -334,7 +343,7 @@ class MembershipActor:
             with scope:
                 await self._links.keep_linked(node_id, address)
 
-        self._nursery.start_soon(dial)
+        self._running().start_soon(dial)
 
     def _stop_dialing(self, node_id: str) -> None:
         current = self._dialing.pop(node_id, None)

@@ -25,6 +25,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import overload
 
 import trio
 
@@ -65,6 +67,16 @@ class _Waiter:
         self.retry_at = 0.0
 
 
+@dataclass(frozen=True)
+class _Cluster:
+    """What a cluster node's rate limits reach the other members through."""
+
+    ownership: Ownership
+    membership: MembershipActor
+    rpc: Rpc
+    links: Links
+
+
 class RateLimitService:
     def __init__(
         self,
@@ -82,10 +94,7 @@ class RateLimitService:
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
-        self._ownership: Ownership | None = None
-        self._membership: MembershipActor | None = None
-        self._rpc: Rpc | None = None
-        self._links: Links | None = None
+        self._cluster: _Cluster | None = None
         # The members this node handed keys to (a leaving node waits for them to have them).
         self._handed_to: set[str] = set()
 
@@ -98,8 +107,7 @@ class RateLimitService:
     ) -> None:
         """From now on, exact-mode keys are decided by the node that acts for their slot, and
         gossip is shared."""
-        self._ownership, self._membership = ownership, membership
-        self._rpc, self._links = rpc, links
+        self._cluster = _Cluster(ownership, membership, rpc, links)
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -125,13 +133,18 @@ class RateLimitService:
             return self.core.refuse_behind_waiters(limiter, n, retry_after)
         return self.core.check(limiter, key, n, self._clock(), retry_id=retry_id)
 
+    @overload
+    async def call(self, op: RateCheck | RateWait) -> Decision: ...
+    @overload
+    async def call(self, op: RateChecks) -> list[Decision]: ...
     async def call(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` wherever it is decided; `Unavailable` while that cannot be done."""
         owner = self._owner(op)
         if owner is None:
             return await self._decide(op)
+        assert self._cluster is not None  # only a cluster has other owners
         timeout = FORWARD_TIMEOUT + (op.timeout if isinstance(op, RateWait) else 0.0)
-        return await self._rpc.call(owner, op, timeout)
+        return await self._cluster.rpc.call(owner, op, timeout)
 
     async def serve(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` for another node that forwarded it, if this node acts for its key."""
@@ -170,10 +183,11 @@ class RateLimitService:
         for change in changes:
             if isinstance(change, SlotLost):
                 handover = self.core.lose_slot(change.slot, change.ballot, change.resigned)
-                if handover is not None:
-                    for member in self._membership.live_members():
-                        if member != self._ownership.me:
-                            self._links.send(member, handover)
+                cluster = self._cluster
+                if handover is not None and cluster is not None:
+                    for member in cluster.membership.live_members():
+                        if member != cluster.ownership.me:
+                            cluster.links.send(member, handover)
                             self._handed_to.add(member)
             elif isinstance(change, SlotGained):
                 self.core.gain_slot(change.slot, self._clock(), change.previous, change.cold)
@@ -185,8 +199,8 @@ class RateLimitService:
     async def leave(self, timeout: float) -> None:
         """Stopping: wait, at most `timeout`, until the keys handed over have arrived (the
         goodbye must not overtake them: their new owners would start them spent)."""
-        if self._links is not None and self._handed_to:
-            if not await self._links.acknowledged(sorted(self._handed_to), timeout):
+        if self._cluster is not None and self._handed_to:
+            if not await self._cluster.links.acknowledged(sorted(self._handed_to), timeout):
                 log.warning("Leaving before every key handed over was acknowledged.")
 
     # -- the service's own task --------------------------------------------------------------
@@ -207,18 +221,19 @@ class RateLimitService:
 
     def _owner(self, op: RateOperation) -> str | None:
         """The node that decides `op`, or None when it is this one."""
-        ownership = self._ownership
-        if ownership is None or op.limiter not in self.waiting:
+        cluster = self._cluster
+        if cluster is None or op.limiter not in self.waiting:
             return None  # a single node, or a limiter this node does not know: decided here
         if self.core.mode(op.limiter) == "gossip":
             return None  # every node decides: available as long as it runs
         slot, now = slot_of(rate_key(op.limiter, op.key)), self._node_clock.now()
+        ownership = cluster.ownership
         if ownership.acting(slot, now):
             return None
         owner = ownership.actor_of(slot, now)
         if owner is None or owner == ownership.me:
             raise Unavailable("this node does not act for this key's slot now; ask again")
-        if owner not in self._membership.live_members():
+        if owner not in cluster.membership.live_members():
             raise Unavailable(f"{owner} is down; its slots move on")
         return owner
 
@@ -277,12 +292,13 @@ class RateLimitService:
         )
 
     def _share_events(self) -> None:
-        if self._membership is None:
+        cluster = self._cluster
+        if cluster is None:
             self.core.take_events()  # a single node has nobody to tell
             return
         message = self.core.take_events()
         if message is None:
             return
-        for node_id in self._membership.live_members():
-            if node_id != self._membership.node_id:
-                self._links.send(node_id, message)
+        for node_id in cluster.membership.live_members():
+            if node_id != cluster.membership.node_id:
+                cluster.links.send(node_id, message)

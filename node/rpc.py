@@ -13,6 +13,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -105,7 +106,7 @@ class Rpc:
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Slot] = {}
 
-    async def call(self, node_id: str, op: Operation | RateOperation, timeout: float) -> object:
+    async def call(self, node_id: str, op: Operation | RateOperation, timeout: float) -> Any:
         """Run `op` on node `node_id`; its result, its domain error, or `Unavailable`.
 
         `Unreachable` at once if the link is down or stalled while others still hear from
@@ -175,7 +176,7 @@ class Rpc:
         self,
         remote_id: str,
         call: Call,
-        handler: Callable[[Operation | RateOperation], Awaitable[object]],
+        handler: Callable[[Any], Awaitable[Any]],
     ) -> None:
         """Answer a `Call` from `remote_id` with what `handler` makes of its operation."""
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -66,7 +66,7 @@ class _Outcome:
         self.done.set()
 
 
-async def answer(actor: Actor, op: Operation) -> object:
+async def answer(actor: Actor, op: Operation) -> Any:
     """Submit `op` to an actor and wait for the answer, raising its error. Cancelled, the call
     withdraws `op` if it still waits."""
     outcome = _Outcome()
@@ -76,6 +76,7 @@ async def answer(actor: Actor, op: Operation) -> object:
     finally:
         if outcome.value is None:
             actor.withdraw(outcome)
+    assert outcome.value is not None  # set before `done`
     result, error = outcome.value
     if error is not None:
         raise error
@@ -165,7 +166,7 @@ class SemaphoreActor:
         # The scope the actor sleeps in, while it sleeps (see `submit`).
         self._sleep: trio.CancelScope | None = None
 
-    async def call(self, op: Operation) -> object:
+    async def call(self, op: Operation) -> Any:
         """Apply `op` and return its answer (once decided), raising its `SemaphoreError`."""
         return await answer(self, op)
 
@@ -317,7 +318,9 @@ class SemaphoreActor:
         self, parked: ParkedAcquire, result: object, error: BaseException | None = None
     ) -> None:
         """Answer a parked acquire taken out of `_parked`."""
-        answers, key = self._askers.pop(parked.request_id)
+        asker = self._askers.pop(parked.request_id)
+        assert asker is not None  # every parked acquire has its asker
+        answers, key = asker
         answers.answered(key, result, error)
 
     def _answer_parked_first(self, most: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -103,7 +104,7 @@ class LocalSemaphores:
         self._actor = actor
         self._limits = limits
 
-    async def call(self, op: Operation) -> object:
+    async def call(self, op: Operation) -> Any:
         return await self._actor.call(self._limits.admit(op))
 
     def serves_here(self, op: Operation) -> bool:
@@ -176,7 +177,7 @@ class ClusterSemaphores:
     def shard_actor(self) -> ShardActor:
         return self._actor
 
-    async def call(self, op: Operation) -> object:
+    async def call(self, op: Operation) -> Any:
         """Serve `op` wherever its state lives; `Unavailable` (503) while that cannot be done."""
         try:
             op = self._limits.admit(op)
@@ -214,7 +215,7 @@ class ClusterSemaphores:
         cancelled, but only at this node: the home elsewhere answers when it answers)."""
         self._actor.withdraw(answers)
 
-    async def serve(self, op: Operation) -> object:
+    async def serve(self, op: Operation) -> Any:
         """Run `op` here, for another node (the shard refuses what this node does not serve)."""
         return await self._actor.call(op)
 

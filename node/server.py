@@ -267,6 +267,8 @@ async def join_cluster(
     rpc: Rpc | None = None
 
     async def deliver(remote_id: str, messages: list[object]) -> None:
+        # Links deliver only once started, after every part below is built.
+        assert membership_actor is not None and shard_actor is not None and rpc is not None
         for message in messages:
             if isinstance(message, Gossip):
                 membership_actor.receive(message)
@@ -290,7 +292,7 @@ async def join_cluster(
         deliver,
         rng,
         generation,
-        on_link_down=lambda remote_id: rpc.link_down(remote_id),
+        on_link_down=lambda remote_id: rpc.link_down(remote_id) if rpc is not None else None,
         clock=clock,
     )
     membership = Membership(
@@ -310,7 +312,7 @@ async def join_cluster(
         clock=clock,
         # Calls forwarded to a member counted down fail at once: its slots move on.
         on_member_down=rpc.link_down,
-        on_change=lambda: semaphores.follow_members(),
+        on_change=lambda: semaphores.follow_members() if semaphores is not None else None,
         on_forgotten=forgotten.set if forgotten is not None else lambda: None,
     )
     ownership = Ownership(

@@ -25,6 +25,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from sluicegate.cluster.limits import Limits
 
@@ -78,7 +79,7 @@ def _limit_setting(key: str, default: object) -> Setting:
         "--limits-" + key.replace("_", "-"),
         f"SLUICEGATE_LIMITS_{key.upper()}",
         "DURATION" if duration else "N",
-        f"[limits] {key} (default: {_seconds(default) if duration else default})",
+        f"[limits] {key} (default: {_seconds(default) if isinstance(default, float) else default})",
     )
 
 
@@ -191,11 +192,12 @@ def given(
     args: argparse.Namespace, environ: Mapping[str, str]
 ) -> list[tuple[Setting, object, str]]:
     """The settings a flag or a variable gives: (setting, its text, where it came from)."""
-    chosen = []
+    chosen: list[tuple[Setting, object, str]] = []
     for setting in SETTINGS:
-        flag_value = getattr(args, setting.dest, None) if setting.flag else None
-        if flag_value:
-            chosen.append((setting, flag_value, setting.flag))
+        flag = setting.flag
+        flag_value = getattr(args, setting.dest, None) if flag else None
+        if flag and flag_value:
+            chosen.append((setting, flag_value, flag))
         elif environ.get(setting.variable):
             chosen.append((setting, environ[setting.variable], setting.variable))
     return chosen
@@ -215,7 +217,8 @@ def _apply(config: NodeConfig, setting: Setting, text: object, origin: str) -> N
         return replace(config, cluster=replace(config.cluster, secret=secret))
     if kind == TABLE:
         entries = parse_section(section, _table(str(text), origin), origin)
-        return replace(config, **{section: {**getattr(config, section), **entries}})
+        tables: dict[str, Any] = {section: {**getattr(config, section), **entries}}
+        return replace(config, **tables)
     value = {ADDRESSES: _addresses, INTEGER: _integer}.get(kind, _as_is)(text, origin)
     parsed = parse_section(section, {key: value}, origin)
     return replace(

@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import trio
 
@@ -33,7 +34,7 @@ class ShardActor:
         self,
         shard: Shard,
         *,
-        send: Callable[[str, object], None],
+        send: Callable[[str, object], object],
         on_slot_changes: Callable[[list[SlotChange]], None] = lambda changes: None,
         clock: Clock = TRIO_CLOCK,
     ) -> None:
@@ -76,7 +77,7 @@ class ShardActor:
             self.shard.withdraw(request_id)
         self._after()
 
-    async def call(self, op: Operation) -> object:
+    async def call(self, op: Operation) -> Any:
         """Apply `op` and return its answer, raising its error."""
         return await answer(self, op)
 

@@ -62,12 +62,12 @@ def _contexts(config: TlsConfig) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return server, client
 
 
-def _load(load, what: str, *paths: str) -> None:
+def _load(load, what: str, *paths: str | None) -> None:
     try:
         load(*paths)
     except ssl.SSLError as error:
         why = error.reason or str(error)
-        raise ConfigError(f"[tls] {what} ({', '.join(paths)}): {why}") from None
+        raise ConfigError(f"[tls] {what} ({', '.join(p for p in paths if p)}): {why}") from None
     except OSError as error:
         why = error.strerror or str(error)
         raise ConfigError(f"[tls] {what}: cannot read {error.filename}: {why}") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, overload
 
 import msgpack
 
@@ -33,6 +34,9 @@ from sluicegate.cluster.semaphore_ops import (
 
 from .rpc import Unavailable
 from .wire import MAX_FRAME
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 PROTOCOL_VERSION = 1
 MAX_REQUESTS_PER_FRAME = 10_000
@@ -85,6 +89,10 @@ class _BadRequest(Exception):
 _MISSING = object()
 
 
+@overload
+def decode(frame: bytes | str, expect_hello: Literal[True]) -> dict: ...
+@overload
+def decode(frame: bytes | str, expect_hello: Literal[False]) -> list[Request | Rejected]: ...
 def decode(frame: bytes | str, expect_hello: bool) -> dict | list[Request | Rejected]:
     """Decode one client frame: the hello (a map) first, then arrays of requests."""
     if isinstance(frame, str):
@@ -188,7 +196,7 @@ def error(request_id: int | None, code: str, message: str) -> dict:
     return {"id": request_id, "error": code, "message": message}
 
 
-def domain_error(request_id: int, failure: Exception) -> dict:
+def domain_error(request_id: int, failure: BaseException) -> dict:
     """The one place that turns an error of the core (or the cluster) into a stable code."""
     match failure:
         case errors.LimitError(code=code):
@@ -252,7 +260,11 @@ def _request(item: object) -> Request | Rejected:
         return Rejected(request_id, "bad_request", str(bad))
 
 
-def _field(item: dict, name: str, kind: type, default: object = ...) -> object:
+@overload
+def _field(item: dict, name: str, kind: type[T]) -> T: ...
+@overload
+def _field(item: dict, name: str, kind: type[T], default: D) -> T | D: ...
+def _field(item: dict, name: str, kind: type, default: object = ...) -> Any:
     value = item.get(name, _MISSING)
     if type(value) is kind:  # the usual case, first (and bool is not int here)
         return value
@@ -274,8 +286,12 @@ def _peer(item: dict) -> int:
     return peer_id
 
 
-def _seconds(item: dict, name: str, default: object = ...) -> float | None:
-    seconds = _field(item, name, float, default)
+@overload
+def _seconds(item: dict, name: str) -> float: ...
+@overload
+def _seconds(item: dict, name: str, default: None) -> float | None: ...
+def _seconds(item: dict, name: str, default: Any = ...) -> float | None:
+    seconds: float | None = _field(item, name, float, default)
     if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
         raise _BadRequest(f"field {name!r} must be a finite number of seconds, 0 or more")
     return seconds
@@ -322,14 +338,10 @@ def _check(item: dict) -> RateCheck | RateChecks:
     times = _field(item, "times", int)
     if not 1 <= times <= MAX_REQUESTS_PER_FRAME:
         raise _BadRequest(f"field 'times' must be 1 to {MAX_REQUESTS_PER_FRAME}")
-    retry_ids = _field(item, "retry_ids", list, None)
-    if retry_ids is not None:
-        if len(retry_ids) != times or not all(_is_retry_id(r) for r in retry_ids):
-            raise _BadRequest(
-                "field 'retry_ids' must hold one unsigned 64-bit integer per time asked"
-            )
-        retry_ids = tuple(retry_ids)
-    return RateChecks(limiter, key, n, times, retry_ids)
+    listed = _field(item, "retry_ids", list, None)
+    if listed is not None and (len(listed) != times or not all(_is_retry_id(r) for r in listed)):
+        raise _BadRequest("field 'retry_ids' must hold one unsigned 64-bit integer per time asked")
+    return RateChecks(limiter, key, n, times, None if listed is None else tuple(listed))
 
 
 def _wait(item: dict) -> RateWait:

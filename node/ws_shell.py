@@ -172,6 +172,7 @@ class WsConnection:
                 nursery.cancel_scope.cancel()
         except* protocol.ProtocolViolation as violations:
             violation = violations.exceptions[0]
+            assert isinstance(violation, protocol.ProtocolViolation)
             log.info("Closing a /ws connection: %s", violation.reason)
             await self._close(violation.code, violation.reason)
         except* ConnectionClosed:
@@ -218,7 +219,7 @@ class WsConnection:
             else:
                 raise protocol.ProtocolViolation(protocol.CLOSE_IDLE, "idle timeout")
 
-    async def _run_frame(self, frame: bytes, nursery: trio.Nursery, arrived: float) -> None:
+    async def _run_frame(self, frame: bytes | str, nursery: trio.Nursery, arrived: float) -> None:
         # Decoded in its turn too: 20 connections decoding frames of 5,000 requests between
         # two looks at the sockets held the node up for 270 ms.
         await self._turns.take()
@@ -252,7 +253,9 @@ class WsConnection:
                     continue
                 if op is not item.op:
                     item = protocol.Request(item.request_id, op)
-            if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(item):
+            if isinstance(item.op, RateCheck | RateChecks) and self._check_now(
+                item.request_id, item.op
+            ):
                 self._latencies.ws_answered("check", trio.current_time() - arrived)
                 continue
             if isinstance(item.op, NewPeer | Restore):
@@ -289,17 +292,17 @@ class WsConnection:
                 nursery.start_soon(self._serve, op, key, self._semaphores.call)
         self._apply(here)
 
-    def _check_now(self, item: protocol.Request) -> bool:
+    def _check_now(self, request_id: int, op: RateCheck | RateChecks) -> bool:
         """Answer a rate-limit check this node decides, at once; False if another node's key."""
         try:
-            if not self._rate_limits.serves_here(item.op):
+            if not self._rate_limits.serves_here(op):
                 return False
-            if type(item.op) is RateCheck:
-                answer = protocol.decision(item.request_id, self._rate_limits.check_here(item.op))
+            if isinstance(op, RateCheck):
+                answer = protocol.decision(request_id, self._rate_limits.check_here(op))
             else:
-                answer = protocol.decisions(item.request_id, self._rate_limits.checks_here(item.op))
+                answer = protocol.decisions(request_id, self._rate_limits.checks_here(op))
         except (RateLimitError, Unavailable) as failure:
-            answer = self._refusal(item.request_id, failure)
+            answer = self._refusal(request_id, failure)
         self._answers.append(answer)
         return True
 
@@ -330,12 +333,13 @@ class WsConnection:
         """Note the peers this connection made, and the end of those it hears of."""
         if name == "new_peer" or name == "restore":
             self._making_peers -= 1
-            if failure is None:
-                self._peers[result if name == "new_peer" else peer_id] = None
-        elif name == "release_peer" or isinstance(failure, UnknownPeer):
+            made = result if name == "new_peer" else peer_id
+            if failure is None and isinstance(made, int):
+                self._peers[made] = None
+        elif peer_id is not None and (name == "release_peer" or isinstance(failure, UnknownPeer)):
             self._peers.pop(peer_id, None)
 
-    def _refusal(self, request_id: int, failure: Exception) -> dict:
+    def _refusal(self, request_id: int, failure: BaseException) -> dict:
         """The error answer; a 503 says how long to keep asking here (docs/protocol.md), unless
         this node cannot reach the one that serves the request."""
         answer = protocol.domain_error(request_id, failure)
