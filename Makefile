@@ -53,9 +53,14 @@ haproxy:
 chromium:
 	$(call debian,/usr/bin/chromium,chromium)
 
+# mypy reads the packages under their installed names (sluicegate.cluster, ...), which live in
+# folders of other names here: .typecheck/sluicegate links to them.
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@mkdir -p .typecheck/sluicegate
+	@for package in cluster node client; do ln -sfn ../../$$package .typecheck/sluicegate/$$package; done
+	MYPYPATH=.typecheck $(BIN)/python -m mypy -p sluicegate.cluster -p sluicegate.node -p sluicegate.client
 
 bench: $(INSTALLED) redis
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
