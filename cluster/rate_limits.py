@@ -245,13 +245,13 @@ class RateLimits:
         key: str,
         n: int,
         now: float,
-        tally: bool = True,
+        counted: bool = True,
         retry_id: int | None = None,
     ) -> Decision:
         """Go or sorry for `n` of `key` now; a go is recorded (and, in gossip mode, queued as
         an event for the other members), and remembered by its `retry_id` if it has one; a
-        retry of a go gets that go (not tallied again). `tally=False` leaves the go and sorry
-        counts alone (a waiting caller's tries: its outcome is tallied once, `tally`)."""
+        retry of a go gets that go (not tallied again). `counted=False` leaves the go and sorry
+        counts alone (a waiting caller's tries: its outcome is counted once, `count_decision`)."""
         algorithm = self._algorithms.get(limiter)
         if algorithm is None or not 1 <= n <= algorithm.max_weight:
             algorithm = self.validate(limiter, n)  # raises what is wrong
@@ -278,7 +278,7 @@ class RateLimits:
             if self._modes[limiter] == "gossip":
                 self._seq += 1
                 self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
-        if tally:
+        if counted:
             stats = self.stats[limiter]
             if decision.go:
                 stats.go += 1
@@ -286,7 +286,7 @@ class RateLimits:
                 stats.sorry += 1
         return decision
 
-    def repeat(self, limiter: str, key: str, retry_id: int | None) -> Decision | None:
+    def earlier_go(self, limiter: str, key: str, retry_id: int | None) -> Decision | None:
         """The go a request of `retry_id` got already, if this node remembers one: the answer
         to its retry, which is not admitted again."""
         if retry_id is None:
@@ -296,7 +296,7 @@ class RateLimits:
             self.stats[limiter].repeated += 1
         return repeated
 
-    def tally(self, limiter: str, go: bool) -> None:
+    def count_decision(self, limiter: str, go: bool) -> None:
         stats = self.stats[limiter]
         if go:
             stats.go += 1
@@ -307,7 +307,7 @@ class RateLimits:
         """The answer to a check while callers wait for the key: they go first (FIFO), so the
         check is sorry, to come back when the first of them is due to try again."""
         self.validate(limiter, n)
-        self.tally(limiter, False)
+        self.count_decision(limiter, False)
         return Decision(False, 0, retry_after)
 
     # -- exact mode: slots changing hands -----------------------------------------------------

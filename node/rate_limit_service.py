@@ -126,7 +126,7 @@ class RateLimitService:
 
     def _check(self, limiter: str, key: str, n: int, retry_id: int | None) -> Decision:
         if self._queues and self._queues.get((limiter, key)):
-            repeated = self.core.repeat(limiter, key, retry_id)
+            repeated = self.core.earlier_go(limiter, key, retry_id)
             if repeated is not None:
                 return repeated
             retry_after = max(SOON, self._queues[limiter, key][0].retry_at - self._node_clock.now())
@@ -244,7 +244,7 @@ class RateLimitService:
 
     async def _wait_here(self, op: RateWait) -> Decision:
         self.core.validate(op.limiter, op.n)
-        repeated = self.core.repeat(op.limiter, op.key, op.retry_id)
+        repeated = self.core.earlier_go(op.limiter, op.key, op.retry_id)
         if repeated is not None:
             return repeated
         key = (op.limiter, op.key)
@@ -252,7 +252,7 @@ class RateLimitService:
         if not queue:
             decision = self._try(op)
             if decision.go or op.timeout <= 0:
-                self.core.tally(op.limiter, decision.go)
+                self.core.count_decision(op.limiter, decision.go)
                 return decision
             queue = self._queues[key] = deque()
         me = _Waiter(op.n)
@@ -267,7 +267,7 @@ class RateLimitService:
                         await me.turn.wait()
                         continue
                     self._refuse_unless_decided_here(op)  # the slot may have moved
-                    repeated = self.core.repeat(op.limiter, op.key, op.retry_id)
+                    repeated = self.core.earlier_go(op.limiter, op.key, op.retry_id)
                     if repeated is not None:
                         return repeated  # it waited behind its first try, which went
                     decision = self._try(op)
@@ -282,13 +282,13 @@ class RateLimitService:
                 del self._queues[key]
             elif queue[0].turn is not None:
                 queue[0].turn.set()
-        self.core.tally(op.limiter, decision.go)
+        self.core.count_decision(op.limiter, decision.go)
         return decision
 
     def _try(self, op: RateWait) -> Decision:
         """One try of a waiting caller (its outcome is tallied once, at the end)."""
         return self.core.check(
-            op.limiter, op.key, op.n, self._clock(), tally=False, retry_id=op.retry_id
+            op.limiter, op.key, op.n, self._clock(), counted=False, retry_id=op.retry_id
         )
 
     def _share_events(self) -> None:

@@ -121,11 +121,11 @@ def test_a_go_is_remembered_by_its_retry_id_and_moves_with_its_key():
     first = owner.check("api", "k", 3, 0.0, retry_id=7)
     assert first.go and first.remaining == 1
     assert owner.check("api", "k", 3, 0.5, retry_id=7) == first  # a retry: the same go
-    assert owner.repeat("api", "k", 7) == first
-    assert owner.repeat("api", "k", 8) is None and owner.repeat("api", "other", 7) is None
-    assert owner.repeat("api", "k", None) is None
+    assert owner.earlier_go("api", "k", 7) == first
+    assert owner.earlier_go("api", "k", 8) is None and owner.earlier_go("api", "other", 7) is None
+    assert owner.earlier_go("api", "k", None) is None
     assert not owner.check("api", "k", 3, 0.5, retry_id=9).go
-    assert owner.repeat("api", "k", 9) is None  # a sorry took nothing: decided again
+    assert owner.earlier_go("api", "k", 9) is None  # a sorry took nothing: decided again
     assert (owner.stats["api"].go, owner.stats["api"].repeated) == (1, 2)
     assert len(owner.goes) == 1
 
@@ -137,9 +137,9 @@ def test_a_go_is_remembered_by_its_retry_id_and_moves_with_its_key():
     # REMEMBER_GOES_FOR from when it came, at most twice that.
     assert successor.evict(10.0) == 0
     assert successor.evict(10.0 + REMEMBER_GOES_FOR) == 0
-    assert successor.repeat("api", "k", 7) == first
+    assert successor.earlier_go("api", "k", 7) == first
     assert successor.evict(10.0 + 2 * REMEMBER_GOES_FOR) == 1
-    assert successor.repeat("api", "k", 7) is None and len(successor.goes) == 0
+    assert successor.earlier_go("api", "k", 7) is None and len(successor.goes) == 0
 
 
 def test_past_its_bound_the_memory_of_goes_forgets_the_older_half_early(monkeypatch):
