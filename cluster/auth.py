@@ -34,6 +34,9 @@ from .semaphore_ops import (
 
 # The shortest secret a token may have, as for the cluster's.
 SHORTEST_SECRET = 16
+# The routes that tell about a node rather than act on it: anyone may use them unless the node
+# says otherwise (`[auth] open`).
+INFO_ROUTES = ("/", "/health", "/ready", "/version", "/favicon.ico", "/metrics")
 
 T = TypeVar("T")
 
@@ -108,8 +111,10 @@ class Credentials:
     """The tokens a node knows. Secrets are compared in constant time, by their digests (so not
     even their lengths show)."""
 
-    def __init__(self, tokens: Iterable[Token]) -> None:
+    def __init__(self, tokens: Iterable[Token], open_routes: Iterable[str] = INFO_ROUTES) -> None:
+        """`open_routes`: those of `INFO_ROUTES` anyone may use without a token."""
         self.tokens = tuple(tokens)
+        self.open_routes = frozenset(open_routes)
         self._digests = [(hashlib.sha256(t.secret).digest(), t) for t in self.tokens]
 
     def from_secret(self, secret: bytes | str | None) -> Token | None:

@@ -56,6 +56,9 @@ Tokens for clients (README, "Security"): with any, a request without a known tok
 Each token's secret comes from the environment or a file, never from this one:
 
 ```toml
+[auth]
+open = ["/health", "/ready"]      # what needs no token (default: /, /health, /ready, /version,
+                                  # /favicon.ico and /metrics)
 [auth.crawler]
 secret_env = "CRAWLER_TOKEN"      # or secret_file = "/run/secrets/crawler"
 semaphores = ["crawl-*"]          # the semaphores it may use (glob patterns; default: all)
@@ -92,6 +95,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
+from sluicegate.cluster.auth import INFO_ROUTES
 from sluicegate.cluster.dns_seeds import (
     AddressError,
     is_dns_entry,
@@ -151,6 +155,21 @@ class TokenConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    """`[auth]`: the tokens by name, and the routes of `INFO_ROUTES` that need none (None:
+    all of them)."""
+
+    tokens: dict[str, TokenConfig] = field(default_factory=dict)
+    open: tuple[str, ...] | None = None
+
+    def merged(self, other: AuthConfig) -> AuthConfig:
+        """These settings with `other`'s on top (a flag's or a variable's over the file's)."""
+        return AuthConfig(
+            {**self.tokens, **other.tokens}, self.open if other.open is None else other.open
+        )
+
+
+@dataclass(frozen=True)
 class TlsConfig:
     """Paths of PEM files: none (plain text), or a certificate and its key at least."""
 
@@ -173,7 +192,7 @@ class NodeConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     limits: Limits = field(default_factory=Limits)
     tls: TlsConfig = field(default_factory=TlsConfig)
-    auth: dict[str, TokenConfig] = field(default_factory=dict)
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
 
 def definitions_digest(config: NodeConfig) -> str:
@@ -417,12 +436,20 @@ def _tls(table: object, source: str) -> TlsConfig:
     return tls
 
 
-def _auth(table: object, source: str) -> dict[str, TokenConfig]:
+def _auth(table: object, source: str) -> AuthConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: [auth] must be a table of tokens")
     tokens = {}
+    open_routes = None
     for name, value in table.items():
         key = f"auth.{name}"
+        if name == "open":
+            if not isinstance(value, list) or not set(value) <= set(INFO_ROUTES):
+                raise ConfigError(
+                    f"{source}: auth.open must be a list of routes among {', '.join(INFO_ROUTES)}"
+                )
+            open_routes = tuple(value)
+            continue
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {key} must be a table (secret_env or secret_file, ...)")
         if "secret" in value:
@@ -456,7 +483,7 @@ def _auth(table: object, source: str) -> dict[str, TokenConfig]:
             admin=value.get("admin", False),
             **scopes,
         )
-    return tokens
+    return AuthConfig(tokens, open_routes)
 
 
 @overload

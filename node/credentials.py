@@ -8,14 +8,13 @@ from pathlib import Path
 
 from sluicegate.cluster.auth import SHORTEST_SECRET, Credentials, Token
 
-from .config import ConfigError, TokenConfig
+from .config import AuthConfig, ConfigError, TokenConfig
 
 
-def from_config(
-    tokens: Mapping[str, TokenConfig], environ: Mapping[str, str]
-) -> Credentials | None:
+def from_config(auth: AuthConfig, environ: Mapping[str, str]) -> Credentials | None:
     """The node's credentials, or None if it has no tokens (anyone may do anything, as on
     Throttle); `ConfigError` if a secret cannot be had or is too short."""
+    tokens = auth.tokens
     if not tokens:
         return None
     named: dict[bytes, str] = {}
@@ -36,7 +35,7 @@ def from_config(
                 admin=config.admin,
             )
         )
-    return Credentials(found)
+    return Credentials(found) if auth.open is None else Credentials(found, auth.open)
 
 
 def _secret(name: str, config: TokenConfig, environ: Mapping[str, str]) -> bytes:

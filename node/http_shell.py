@@ -659,7 +659,7 @@ async def handle(router: Router, request: Request) -> Response | None:
         if handler is None:
             response = Response(405, headers=[(b"allow", allow_header(handlers))])
             method = OTHER
-        elif router.credentials is not None and template not in OPEN_ROUTES:
+        elif router.credentials is not None and not _open(router.credentials, template):
             response = _unauthorized(router.credentials, request, template)
             if response is None:
                 response = await _served(handler, request)
@@ -670,13 +670,15 @@ async def handle(router: Router, request: Request) -> Response | None:
     return response
 
 
-# On a node with tokens: the routes anyone may use (the two of them that act on the cluster
-# prove its secret instead), and those that need an admin token. The others need a token, and
-# the operations they make are held against its scopes (`ThrottleApi._call`).
-OPEN_ROUTES = frozenset(
-    ("/", "/health", "/ready", "/version", "/favicon.ico", "/metrics", "/drain", "/forget")
-)
+# On a node with tokens: the routes that act on the cluster prove its secret instead of a token,
+# and those that need an admin token. The others need a token (but the open ones of
+# `INFO_ROUTES`), and the operations they make are held against its scopes (`ThrottleApi._call`).
+CLUSTER_ROUTES = frozenset(("/drain", "/forget"))
 ADMIN_ROUTES = frozenset(("/status", "/status.json"))
+
+
+def _open(credentials: Credentials, template: str) -> bool:
+    return template in credentials.open_routes or template in CLUSTER_ROUTES
 
 
 def _unauthorized(credentials: Credentials, request: Request, template: str) -> Response | None:

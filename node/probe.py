@@ -6,8 +6,9 @@ at `--url`.
 A node whose TLS the environment sets (`SLUICEGATE_TLS_CERTIFICATE`, as in its container) is
 asked over `https://`, with the node's own certificate shown for mutual TLS, and its chain
 verified against `SLUICEGATE_TLS_CA` (the system's authorities if none) but not its name: the
-probe asks the node on this machine's loopback, which the certificate need not name, and sends
-nothing but the path."""
+probe asks the node on this machine's loopback, which the certificate need not name. With
+`SLUICEGATE_TOKEN` set, it names that token (for a node whose `[auth] open` leaves the two routes
+out)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
             context = ssl.create_default_context(cafile=os.environ.get("SLUICEGATE_TLS_CA"))
             context.check_hostname = False
             context.load_cert_chain(certificate, os.environ.get("SLUICEGATE_TLS_KEY"))
-        with urllib.request.urlopen(url, timeout=args.timeout, context=context) as answer:
+        request = urllib.request.Request(url)
+        token = os.environ.get("SLUICEGATE_TOKEN")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as answer:
             status = answer.status
     except urllib.error.HTTPError as error:
         status = error.code

@@ -217,7 +217,9 @@ def _apply(config: NodeConfig, setting: Setting, text: object, origin: str) -> N
         return replace(config, cluster=replace(config.cluster, secret=secret))
     if kind == TABLE:
         entries = parse_section(section, _table(str(text), origin), origin)
-        tables: dict[str, Any] = {section: {**getattr(config, section), **entries}}
+        current = getattr(config, section)
+        merged = current.merged(entries) if section == "auth" else {**current, **entries}
+        tables: dict[str, Any] = {section: merged}
         return replace(config, **tables)
     value = {ADDRESSES: _addresses, INTEGER: _integer}.get(kind, _as_is)(text, origin)
     parsed = parse_section(section, {key: value}, origin)

@@ -115,6 +115,14 @@ def test_rate_limits_from_a_variable():
     assert config.rate_limits["api"].mode == "gossip"
 
 
+def test_auth_from_a_variable_adds_tokens_and_may_close_routes():
+    file = '[auth.a]\nsecret_env = "A"\n'
+    config = configured([], {"SLUICEGATE_AUTH": 'b = { secret_env = "B" }'}, text=file)
+    assert sorted(config.auth.tokens) == ["a", "b"] and config.auth.open is None
+    closed = configured(["--auth", 'open = ["/health"]'], {}, text=file)
+    assert sorted(closed.auth.tokens) == ["a"] and closed.auth.open == ("/health",)
+
+
 @pytest.mark.parametrize(
     ("argv", "environ", "said"),
     [

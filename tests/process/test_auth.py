@@ -4,6 +4,7 @@ credentials in its URL; the routes that stay open; secrets that cannot be had st
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -89,6 +90,19 @@ def test_without_a_known_token_nothing_is_done(node):
 def test_health_metrics_and_the_cluster_routes_stay_open(node):
     for path in ("/health", "/ready", "/metrics", "/version"):
         assert call(node, "GET", path).status_code == 200, path
+
+
+def test_auth_open_says_which_routes_need_no_token(tmp_path):
+    config = CONFIG.replace("[auth.crawler]", '[auth]\nopen = ["/health"]\n\n[auth.crawler]')
+    with NodeProcess(config, workdir=tmp_path, env=SECRETS) as closed:
+        assert call(closed, "GET", "/health").status_code == 200
+        for path in ("/ready", "/metrics", "/version"):
+            assert call(closed, "GET", path).status_code == 401, path
+            assert call(closed, "GET", path, "viewer").status_code == 200, path
+        probe = [sys.executable, "-m", "sluicegate.node.probe", "ready", "--url", closed.url]
+        env = {**os.environ, "SLUICEGATE_TOKEN": SECRETS["VIEWER_TOKEN"]}
+        assert subprocess.run(probe, capture_output=True, timeout=TIMEOUT).returncode == 1
+        assert subprocess.run(probe, capture_output=True, timeout=TIMEOUT, env=env).returncode == 0
 
 
 def test_the_status_needs_an_admin_token(node):
@@ -223,6 +237,7 @@ async def test_over_ws_too_a_peer_is_its_makers_alone(node):
         ('[auth.x]\nsecret_env = "X_TOKEN"\n', {"X_TOKEN": "short"}, "16 bytes or longer"),
         ('[auth.x]\nsecret_file = "/nonexistent/x"\n', {}, "cannot read the file"),
         ('[auth.x]\nsecret_env = "X"\nscope = 1\n', {}, "auth.x.scope is not a token setting"),
+        ('[auth]\nopen = ["/remainder"]\n', {}, "auth.open must be a list of routes among /,"),
         (
             '[auth.x]\nsecret_env = "X_TOKEN"\n[auth.y]\nsecret_env = "X_TOKEN"\n',
             {"X_TOKEN": "in-the-file-0123456789"},
