@@ -60,27 +60,32 @@ REFUSAL_LOG_INTERVAL = 10.0
 WebSocketRoute = Callable[[str], Callable[[WebSocketConnection], Awaitable[None]] | None]
 
 
+def bind(config: HypercornConfig, tls: bool) -> tuple[list[trio.SocketListener], list[str]]:
+    """Listen on `config.bind`: the listeners, and their URLs (https:// with `tls`). Bound
+    before the node is built, so that a node on port 0 knows its address."""
+    listeners, binds = [], []
+    scheme = "https" if tls else "http"
+    for sock in config.create_sockets().insecure_sockets:
+        sock.listen(config.backlog)
+        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
+    return listeners, binds
+
+
 async def serve(
     app,
     config: HypercornConfig,
+    listeners: list[trio.SocketListener],
     websocket_route: WebSocketRoute,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
     max_connections: int = 4096,
     tls: Callable[[], ssl.SSLContext] | None = None,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `config.bind` until `shutdown_trigger` returns; then let connections finish for at
-    most `config.graceful_timeout`. `websocket_route(path)` serves each WebSocket whose
-    connection begins with it; `tls()`, if given, is the TLS context for a new connection;
-    `task_status.started` gets the bound URLs."""
-    sockets = config.create_sockets()
-    listeners, binds = [], []
-    scheme = "http" if tls is None else "https"
-    for sock in sockets.insecure_sockets:
-        sock.listen(config.backlog)
-        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-        binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
+    """Serve `listeners` (`bind`) until `shutdown_trigger` returns; then let connections finish
+    for at most `config.graceful_timeout`. `websocket_route(path)` serves each WebSocket whose
+    connection begins with it; `tls()`, if given, is the TLS context for a new connection."""
     context = WorkerContext(None)
     asgi = wrap_app(app, config.wsgi_max_body_size, None)
     hypercorn = partial(HttpConnection, asgi, config, context, ConnectionState({}))
@@ -91,7 +96,7 @@ async def serve(
             accepting.start_soon(
                 partial(trio.serve_listeners, connection, listeners, handler_nursery=handlers)
             )
-            task_status.started(binds)
+            task_status.started()
             await shutdown_trigger()
             accepting.cancel_scope.cancel()
         # Hypercorn closes kept-alive connections after their current request.

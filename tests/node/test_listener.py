@@ -48,9 +48,16 @@ async def start_listener(nursery, **options) -> tuple[int, trio.Event]:
     config.bind = ["127.0.0.1:0"]
     config.graceful_timeout = 0.2
     stop = trio.Event()
-    binds = await nursery.start(
+    listeners, binds = listener.bind(config, tls="tls" in options)
+    await nursery.start(
         lambda task_status: listener.serve(
-            asgi_app, config, route, shutdown_trigger=stop.wait, task_status=task_status, **options
+            asgi_app,
+            config,
+            listeners,
+            route,
+            shutdown_trigger=stop.wait,
+            task_status=task_status,
+            **options,
         )
     )
     return int(binds[0].rsplit(":", 1)[1]), stop
@@ -188,13 +195,15 @@ async def test_shutdown_ends_open_websockets_within_the_graceful_timeout(nursery
     stop = trio.Event()
     stopped = trio.Event()
 
+    listeners, binds = listener.bind(config, tls=False)
+
     async def serve_until_stopped(task_status) -> None:
         await listener.serve(
-            asgi_app, config, route, shutdown_trigger=stop.wait, task_status=task_status
+            asgi_app, config, listeners, route, shutdown_trigger=stop.wait, task_status=task_status
         )
         stopped.set()
 
-    binds = await nursery.start(serve_until_stopped)
+    await nursery.start(serve_until_stopped)
     with trio.fail_after(TIMEOUT):
         async with open_websocket_url(f"{binds[0].replace('http', 'ws')}/ws") as ws:
             await ws.send_message(b"!")
