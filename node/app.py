@@ -24,29 +24,25 @@ from .ws_shell import FrameTurns, WsConnection
 class NodeApp:
     def __init__(
         self,
-        semaphores: LocalSemaphores,
+        semaphores: LocalSemaphores | ClusterSemaphores,
         rate_limits: RateLimitService,
         node_id: str = "node",
         extra_metrics: Callable[[], str] = lambda: "",
         limits: Limits = DEFAULT_LIMITS,
         credentials: Credentials | None = None,
+        links: Links | None = None,
     ) -> None:
-        """`credentials`: the tokens of a node with `[auth]` (None: anyone may do anything)."""
+        """`credentials`: the tokens of a node with `[auth]` (None: anyone may do anything);
+        `links`: a cluster node's, served at `/cluster`."""
         self.throttle = ThrottleApi(semaphores, rate_limits, extra_metrics)
         self.latencies = Latencies()
         self.router = Router(self.throttle, self.latencies)
         self.router.credentials = self._credentials = credentials
-        self.links: Links | None = None
-        # How this node names itself to `/ws` clients (its cluster id once it has one).
+        self.links = links
+        # How this node names itself to `/ws` clients (its id in a cluster).
         self.node_id = node_id
         self._limits = limits
         self._turns = FrameTurns()
-
-    def join_cluster(self, semaphores: ClusterSemaphores, links: Links) -> None:
-        """From now on, serve semaphores through the cluster, and node links at `/cluster`."""
-        self.throttle.semaphores = semaphores
-        self.links = links
-        self.node_id = semaphores.node_id
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":

@@ -476,11 +476,14 @@ class Links:
         generation: int,
         on_link_down: Callable[[str], None] = lambda remote_id: None,
         clock: Clock = TRIO_CLOCK,
+        repeat: Callable[[object], bool] | None = None,
     ) -> None:
         """`generation` is this node's life, told to the other end of every link;
         `on_link_down(remote_id)` is called whenever the link to a node goes down; `clock`
-        times backoffs, acknowledgements, handshakes and holds."""
+        times backoffs, acknowledgements, handshakes and holds; `repeat(message)`, if given,
+        says to send a message twice (the simulations' duplicating network)."""
         self.node_id = node_id
+        self._repeat = repeat
         self._clock = clock
         self.generation = generation
         self._on_link_down = on_link_down
@@ -503,8 +506,12 @@ class Links:
 
     def send(self, remote_id: str, message: object, generation: int | None = None) -> int:
         """Send `message` to `remote_id`, or only to its life `generation` if one is given;
-        its number on that link."""
-        return self.link(remote_id).send(message, generation)
+        its number on that link (twice, when `repeat` says so: the number of the first)."""
+        link = self.link(remote_id)
+        number = link.send(message, generation)
+        if self._repeat is not None and self._repeat(message):
+            link.send(message, generation)
+        return number
 
     def find(self, remote_id: str) -> Link | None:
         """The link to `remote_id`, if this node ever had one."""

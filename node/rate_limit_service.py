@@ -68,7 +68,7 @@ class _Waiter:
 
 
 @dataclass(frozen=True)
-class _Cluster:
+class MemberReach:
     """What a cluster node's rate limits reach the other members through."""
 
     ownership: Ownership
@@ -85,29 +85,20 @@ class RateLimitService:
         gossip_interval: float = 0.05,
         clock: Callable[[], float] = time.time,
         node_clock: Clock = TRIO_CLOCK,
+        members: MemberReach | None = None,
     ) -> None:
         """`clock`: the wall clock rate-limit windows are aligned to; `node_clock`: the node's
-        own, for leases, waits and retries."""
+        own, for leases, waits and retries; `members`: in a cluster, the other members (exact-
+        mode keys are decided by the node that acts for their slot, and gossip is shared)."""
         self.core = core
         self._clock = clock
         self._node_clock = node_clock
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
-        self._cluster: _Cluster | None = None
+        self._cluster = members
         # The members this node handed keys to (a leaving node waits for them to have them).
         self._handed_to: set[str] = set()
-
-    def join_cluster(
-        self,
-        ownership: Ownership,
-        membership: MembershipActor,
-        rpc: Rpc,
-        links: Links,
-    ) -> None:
-        """From now on, exact-mode keys are decided by the node that acts for their slot, and
-        gossip is shared."""
-        self._cluster = _Cluster(ownership, membership, rpc, links)
 
     # -- the API -----------------------------------------------------------------------------
 

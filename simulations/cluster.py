@@ -1,5 +1,5 @@
-"""Real nodes in one process: the node's own parts (`node/server.py`'s `join_cluster`, its `/ws`
-and `/cluster` routes), over the simulated network, under the virtual clock.
+"""Real nodes in one process: the node as a process builds it (`node/assembly.py`'s `Node`, its
+`/ws` and `/cluster` routes), over the simulated network, under the virtual clock.
 
 What differs from a node process is only what the seams inject: links are dialled over
 `SimNetwork`, randomness comes from the run's seed, a life's generation and the fencing epoch
@@ -33,18 +33,14 @@ from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_str
 
 from sluicegate.cluster import lock_messages, ownership
 from sluicegate.cluster.membership import Gossip
-from sluicegate.cluster.rate_limits import RateEvents, RateLimits
+from sluicegate.cluster.rate_limits import RateEvents
 from sluicegate.cluster.replication import Accept, Accepted
-from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.node.app import NodeApp
+from sluicegate.node.assembly import Node, Seams
 from sluicegate.node.config import NodeConfig
 from sluicegate.node.link_codec import LINK_CODEC
-from sluicegate.node.links import HANDSHAKE_TIMEOUT, Link, Links
-from sluicegate.node.node_metrics import NodeMetrics
+from sluicegate.node.links import HANDSHAKE_TIMEOUT
 from sluicegate.node.rate_limit_service import RateLimitService
-from sluicegate.node.semaphore_actor import SemaphoreActor
-from sluicegate.node.semaphore_service import LocalSemaphores
-from sluicegate.node.server import HAND_ON_TIMEOUT, join_cluster
 from sluicegate.node.wire import MAX_FRAME
 
 from .clocks import SimClock
@@ -119,7 +115,7 @@ class SimNode:
         self.crashed = False
         self.left = False
         self._on_failure = on_failure
-        self._actor: SemaphoreActor | None = None
+        self._node: Node | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until crashed or stopped; `task_status.started()` once it listens and has joined."""
@@ -133,63 +129,34 @@ class SimNode:
             self._on_failure(self.node_id, describe(error))
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
-        rng = self._rng
-        self._actor = actor = SemaphoreActor(
-            SemaphoreCore(self.config.semaphores, epoch=virtual_epoch()), rng=rng
+        network = self._network
+
+        def repeat(message: object) -> bool:
+            if network.duplicating and isinstance(message, REPEATABLE):
+                network.duplicated += 1
+                return True
+            return False
+
+        seams = Seams(
+            dialer=self._dial,
+            rng=self._rng,
+            generation=self.generation,
+            epoch=virtual_epoch,
+            clock=self.clock,
+            wall=trio.current_time,
+            repeat=repeat,
         )
-        self.rate_limits = RateLimitService(
-            RateLimits(self.config.rate_limits, self.node_id, rng),
-            gossip_interval=self.config.cluster.rate_gossip_interval,
-            clock=trio.current_time,
-            node_clock=self.clock,
-        )
-        self.app = NodeApp(LocalSemaphores(actor), self.rate_limits, node_id=self.node_id)
+        self._node = node = Node(self.config, self.address, seams)
+        self.app, self.rate_limits = node.app, node.rate_limits
         async with trio.open_nursery() as nursery:
-            await nursery.start(actor.run)
-            await nursery.start(self.rate_limits.run)
-            self._network.listen(
+            network.listen(
                 self.node_id,
                 self.address,
                 lambda stream: nursery.start_soon(self._serve_connection, stream),
             )
-            self.membership, self.semaphores = await nursery.start(
-                lambda task_status: join_cluster(
-                    self.app,
-                    self.rate_limits,
-                    NodeMetrics(),
-                    self.config,
-                    self.address,
-                    dialer=self._dial,
-                    rng=rng,
-                    generation=self.generation,
-                    epoch=virtual_epoch,
-                    clock=self.clock,
-                    task_status=task_status,
-                )
-            )
-            self._say_twice_while_duplicating(self.app.links)
+            await nursery.start(node.run)
+            self.membership, self.semaphores = node.membership, node.semaphores
             task_status.started()
-
-    def _say_twice_while_duplicating(self, links: Links) -> None:
-        """Each link of `links` sends a repeatable message twice while the network duplicates."""
-        network, link_of = self._network, links.link
-
-        def link(remote_id: str) -> Link:
-            link = link_of(remote_id)
-            if "send" not in vars(link):
-                send = link.send
-
-                def send_twice(message: object, generation: int | None = None) -> int:
-                    number = send(message, generation)
-                    if network.duplicating and isinstance(message, REPEATABLE):
-                        network.duplicated += 1
-                        send(message, generation)
-                    return number
-
-                link.send = send_twice
-            return link
-
-        links.link = link
 
     async def leave(self) -> None:
         """Stop as SIGTERM stops a node: the last changes streamed, a goodbye, then gone.
@@ -200,17 +167,14 @@ class SimNode:
         without end under a virtual clock that moves only when every task waits. So its clients
         are let go first, as a load balancer drains a node before stopping it, and the other
         nodes' requests take a millisecond to reach it while it stops."""
-        if self.crashed or self.semaphores is None:
+        if self.crashed or self._node is None or self.semaphores is None:
             return
         nodes = {address.split(":")[0] for address in self.config.cluster.join}
         self._network.drain(self.node_id, keep=nodes)
         for node_id in nodes:
             self._network.delay(self.node_id, node_id, STOPPING_LATENCY)
         try:
-            await self._actor.stop_blocking()
-            await self.semaphores.leave(timeout=HAND_ON_TIMEOUT)
-            await self.rate_limits.leave(timeout=0.3)
-            await self.membership.leave()
+            await self._node.leave()
         finally:
             for node_id in nodes:
                 self._network.delay(self.node_id, node_id, 0)
