@@ -17,14 +17,14 @@ from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .latencies import Latencies
 from .links import Links, MessageConnection
 from .rate_limit_service import RateLimitService
-from .semaphore_service import ClusterSemaphores, LocalSemaphores
+from .semaphore_service import Semaphores
 from .ws_shell import FrameTurns, WsConnection
 
 
 class NodeApp:
     def __init__(
         self,
-        semaphores: LocalSemaphores | ClusterSemaphores,
+        semaphores: Semaphores,
         rate_limits: RateLimitService,
         node_id: str = "node",
         extra_metrics: Callable[[], str] = lambda: "",

@@ -47,7 +47,7 @@ from .latencies import OTHER, Latencies
 from .logs import clip
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable
-from .semaphore_service import ClusterSemaphores, LocalSemaphores
+from .semaphore_service import Semaphores
 from .throttle_metrics import render as render_throttle_metrics
 
 T = TypeVar("T")
@@ -290,7 +290,7 @@ class ThrottleApi:
 
     def __init__(
         self,
-        semaphores: LocalSemaphores | ClusterSemaphores,
+        semaphores: Semaphores,
         rate_limits: RateLimitService,
         extra_metrics=lambda: "",
     ) -> None:

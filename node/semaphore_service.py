@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -93,6 +93,33 @@ async def listed_peers(
 def epoch_now() -> int:
     """Fencing epoch: wall-clock milliseconds, which grow from one owner to the next."""
     return time.time_ns() // 1_000_000
+
+
+class Semaphores(Protocol):
+    """What the shells ask of the semaphores, wherever they are served: here, by a single
+    node's actor (`LocalSemaphores`), or by the members of a cluster (`ClusterSemaphores`)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def call(self, op: Operation) -> Any:
+        """Apply `op` wherever it is served: its answer, or its domain error raised."""
+
+    def serves_here(self, op: Operation) -> bool:
+        """May `op` go to `submit` (this node serves it)?"""
+
+    def submit(self, requests: list[tuple[Operation, int]], answers: Answers) -> None:
+        """Apply operations served here now; `answers` hears of each by its key."""
+
+    def withdraw(self, answers: Answers) -> None:
+        """Forget what `answers` submitted and still waits."""
+
+    async def stats(self) -> list[SemaphoreStats]: ...
+    def status(self) -> dict: ...
+    async def list_peers(self, limit: int | None = None) -> list[int]: ...
+
+    def retry_here_for(self) -> float:
+        """How long a client told "unavailable" should keep asking this node (0: go on)."""
 
 
 class LocalSemaphores:

@@ -46,7 +46,7 @@ from .latencies import Latencies
 from .links import MessageConnection
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable, Unreachable
-from .semaphore_service import ClusterSemaphores, LocalSemaphores
+from .semaphore_service import Semaphores
 
 log = logging.getLogger("sluicegate.ws")
 
@@ -115,7 +115,7 @@ class WsConnection:
     def __init__(
         self,
         websocket: MessageConnection,
-        semaphores: LocalSemaphores | ClusterSemaphores,
+        semaphores: Semaphores,
         rate_limits: RateLimitService,
         node_id: str,
         latencies: Latencies,
