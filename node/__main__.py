@@ -1,3 +1,5 @@
+"""`python -m sluicegate.node`: the node's command line (node/cli.py)."""
+
 import sys
 
 from .cli import main

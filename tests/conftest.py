@@ -1,3 +1,6 @@
+"""Fixtures every folder shares (a node process, the anyio backends), and the start of the
+long simulation runs once the tests are collected (tests/simulations/runs.py)."""
+
 import sys
 
 import pytest

@@ -1,0 +1,1 @@
+"""The pure cores (`cluster/`): every rule, without trio, sockets or a clock."""

@@ -1,0 +1,1 @@
+"""The simulations (`simulations/`): replays, sweeps, regression seeds, planted bugs, chaos."""

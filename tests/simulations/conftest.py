@@ -1,3 +1,5 @@
+"""Each long simulation run as a fixture: its output, once finished (tests/simulations/runs.py)."""
+
 import subprocess
 
 import pytest
