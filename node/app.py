@@ -13,6 +13,8 @@ from sluicegate.cluster.auth import Credentials
 from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 
 from .asgi_websocket import AsgiWebSocket
+from .cluster_admin import ClusterAdmin
+from .cluster_status import MemberStatuses
 from .http_shell import Request, Response, Router, ThrottleApi, handle
 from .latencies import Latencies
 from .links import Links, MessageConnection
@@ -31,10 +33,15 @@ class NodeApp:
         limits: Limits = DEFAULT_LIMITS,
         credentials: Credentials | None = None,
         links: Links | None = None,
+        member_statuses: MemberStatuses | None = None,
+        cluster_admin: ClusterAdmin | None = None,
     ) -> None:
         """`credentials`: the tokens of a node with `[auth]` (None: anyone may do anything);
-        `links`: a cluster node's, served at `/cluster`."""
-        self.throttle = ThrottleApi(semaphores, rate_limits, extra_metrics)
+        `links`: a cluster node's, served at `/cluster`; `member_statuses` and `cluster_admin`
+        as for `ThrottleApi`."""
+        self.throttle = ThrottleApi(
+            semaphores, rate_limits, extra_metrics, member_statuses, cluster_admin
+        )
         self.latencies = Latencies()
         self.router = Router(self.throttle, self.latencies)
         self.router.credentials = self._credentials = credentials

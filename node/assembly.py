@@ -146,6 +146,11 @@ class Node:
             self.semaphores = LocalSemaphores(self._actor, limits)
         if config.rate_limits:  # none configured: /metrics stays exactly Throttle's
             self.metrics.registry.register(RateLimitCollector(self.rate_limits))
+        admin = None
+        if self._cluster is not None:
+            admin = ClusterAdmin(
+                self.node_id, secret, self._cluster.membership_actor, self.drain_asked
+            )
         self.app = NodeApp(
             self.semaphores,
             self.rate_limits,
@@ -154,18 +159,11 @@ class Node:
             limits=limits,
             credentials=credentials,
             links=self._cluster.links if self._cluster else None,
+            member_statuses=(
+                MemberStatuses(partial(members_status, tls=client_tls)) if client_tls else None
+            ),
+            cluster_admin=admin,
         )
-        if client_tls is not None:
-            self.app.throttle.member_statuses = MemberStatuses(
-                partial(members_status, tls=client_tls)
-            )
-        if self._cluster is not None:
-            self.app.throttle.cluster_admin = ClusterAdmin(
-                self.node_id,
-                secret,
-                self._cluster.membership_actor,
-                self.drain_asked,
-            )
         if config.rate_limits or cluster.secret:
             self.metrics.registry.register(LatencyCollector(self.app.latencies))
             self.metrics.registry.register(GC_PAUSES)

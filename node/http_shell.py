@@ -293,14 +293,17 @@ class ThrottleApi:
         semaphores: Semaphores,
         rate_limits: RateLimitService,
         extra_metrics=lambda: "",
+        member_statuses: MemberStatuses | None = None,
+        cluster_admin: ClusterAdmin | None = None,
     ) -> None:
+        """`member_statuses`: how the other members' statuses are asked (by default over
+        plain HTTP); `cluster_admin`: a cluster node's, for `POST /drain` and `POST /forget`
+        (node/cluster_admin.py)."""
         self.semaphores = semaphores
         self.rate_limits = rate_limits
         self.extra_metrics: Callable[[], str] = extra_metrics
-        self.member_statuses = MemberStatuses()
-        # Set on a cluster node: what `POST /drain` and `POST /forget` need
-        # (node/cluster_admin.py).
-        self.cluster_admin: ClusterAdmin | None = None
+        self.member_statuses = member_statuses or MemberStatuses()
+        self.cluster_admin = cluster_admin
 
     async def index(self, request: Request) -> Response:
         return text("Hello from Throttle!")
