@@ -551,7 +551,6 @@ class Locking:
         "_outer",
         "_context",
         "_lease",
-        "_scope",
     )
 
     def __init__(self, client: Client, semaphore: str, count: int, timeout: float | None) -> None:
@@ -575,16 +574,17 @@ class Locking:
             await self._leave()
             raise
         # A lost lease cancels the body through this scope.
-        lease._scope = self._scope = anyio.CancelScope()
-        self._scope.__enter__()
+        lease._scope = anyio.CancelScope()
+        lease._scope.__enter__()
         self._lease = lease
         return lease
 
     async def __aexit__(self, etype, exc, tb) -> bool:
         lease = self._lease
+        assert lease._scope is not None  # entered in `__aenter__`
         try:
             # True if the scope swallowed the cancellation it raised itself: the lease was lost.
-            swallowed = self._scope.__exit__(etype, exc, tb)
+            swallowed = lease._scope.__exit__(etype, exc, tb)
         finally:
             try:
                 await self._client._let_go(self._peer, self._semaphore, lease)

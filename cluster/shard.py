@@ -390,7 +390,7 @@ class Shard:
             ]
             if kept:
                 self.home.receive(sender, Audit(*map(list, zip(*kept, strict=True))), now)
-        elif isinstance(message, LockAnswer | LockRefused | LockReleased):
+        elif isinstance(message, (LockAnswer, LockRefused, LockReleased)):
             if self.serves_peer(message.peer_id, now):
                 self.home.receive(sender, message, now)
         else:

@@ -96,7 +96,7 @@ class RateLimitService:
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
-        self._cluster = members
+        self._members = members
         # The members this node handed keys to (a leaving node waits for them to have them).
         self._handed_to: set[str] = set()
 
@@ -133,9 +133,9 @@ class RateLimitService:
         owner = self._owner(op)
         if owner is None:
             return await self._decide(op)
-        assert self._cluster is not None  # only a cluster has other owners
+        assert self._members is not None  # only a cluster has other owners
         timeout = FORWARD_TIMEOUT + (op.timeout if isinstance(op, RateWait) else 0.0)
-        return await self._cluster.rpc.call(owner, op, timeout)
+        return await self._members.rpc.call(owner, op, timeout)
 
     async def serve(self, op: RateOperation) -> Decision | list[Decision]:
         """Decide `op` for another node that forwarded it, if this node acts for its key."""
@@ -174,11 +174,11 @@ class RateLimitService:
         for change in changes:
             if isinstance(change, SlotLost):
                 handover = self.core.lose_slot(change.slot, change.ballot, change.resigned)
-                cluster = self._cluster
-                if handover is not None and cluster is not None:
-                    for member in cluster.membership.live_members():
-                        if member != cluster.ownership.me:
-                            cluster.links.send(member, handover)
+                members = self._members
+                if handover is not None and members is not None:
+                    for member in members.membership.live_members():
+                        if member != members.ownership.me:
+                            members.links.send(member, handover)
                             self._handed_to.add(member)
             elif isinstance(change, SlotGained):
                 self.core.gain_slot(change.slot, self._clock(), change.previous, change.cold)
@@ -190,8 +190,8 @@ class RateLimitService:
     async def leave(self, timeout: float) -> None:
         """Stopping: wait, at most `timeout`, until the keys handed over have arrived (the
         goodbye must not overtake them: their new owners would start them spent)."""
-        if self._cluster is not None and self._handed_to:
-            if not await self._cluster.links.acknowledged(sorted(self._handed_to), timeout):
+        if self._members is not None and self._handed_to:
+            if not await self._members.links.acknowledged(sorted(self._handed_to), timeout):
                 log.warning("Leaving before every key handed over was acknowledged.")
 
     # -- the service's own task --------------------------------------------------------------
@@ -212,19 +212,19 @@ class RateLimitService:
 
     def _owner(self, op: RateOperation) -> str | None:
         """The node that decides `op`, or None when it is this one."""
-        cluster = self._cluster
-        if cluster is None or op.limiter not in self.waiting:
+        members = self._members
+        if members is None or op.limiter not in self.waiting:
             return None  # a single node, or a limiter this node does not know: decided here
         if self.core.mode(op.limiter) == "gossip":
             return None  # every node decides: available as long as it runs
         slot, now = slot_of(rate_key(op.limiter, op.key)), self._node_clock.now()
-        ownership = cluster.ownership
+        ownership = members.ownership
         if ownership.acting(slot, now):
             return None
         owner = ownership.actor_of(slot, now)
         if owner is None or owner == ownership.me:
             raise Unavailable("this node does not act for this key's slot now; ask again")
-        if owner not in cluster.membership.live_members():
+        if owner not in members.membership.live_members():
             raise Unavailable(f"{owner} is down; its slots move on")
         return owner
 
@@ -283,13 +283,13 @@ class RateLimitService:
         )
 
     def _share_events(self) -> None:
-        cluster = self._cluster
-        if cluster is None:
+        members = self._members
+        if members is None:
             self.core.take_events()  # a single node has nobody to tell
             return
         message = self.core.take_events()
         if message is None:
             return
-        for node_id in cluster.membership.live_members():
-            if node_id != cluster.membership.node_id:
-                cluster.links.send(node_id, message)
+        for node_id in members.membership.live_members():
+            if node_id != members.membership.node_id:
+                members.links.send(node_id, message)

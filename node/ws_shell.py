@@ -253,7 +253,7 @@ class WsConnection:
                     continue
                 if op is not item.op:
                     item = protocol.Request(item.request_id, op)
-            if isinstance(item.op, RateCheck | RateChecks) and self._check_now(
+            if isinstance(item.op, (RateCheck, RateChecks)) and self._check_now(
                 item.request_id, item.op
             ):
                 self._latencies.ws_answered("check", trio.current_time() - arrived)
