@@ -199,7 +199,7 @@ class Shard:
         earlier operation, it would wait on the one link between the home and that lock's
         owner, and a clog of that link alone would lose a lease a majority could keep
         (five-node seed 379641930)."""
-        if isinstance(op, Acquire | ReleaseLock | ReleasePeer):
+        if isinstance(op, (Acquire, ReleaseLock, ReleasePeer)):
             return op.peer_id
         if isinstance(op, Heartbeat) and (
             op.expires_in <= 0 or not self.home.peers.has_peer(op.peer_id)
@@ -378,7 +378,7 @@ class Shard:
                 return
             if self.serves_semaphore(message.semaphore, now):
                 self.owner.receive(sender, message, now)
-            elif isinstance(message, LockRequest | LockRestore):
+            elif isinstance(message, (LockRequest, LockRestore)):
                 self._send(sender, LockRefused(message.peer_id, message.semaphore, message.ticket))
         elif isinstance(message, Audit):
             kept = [

@@ -258,7 +258,7 @@ class WsConnection:
             ):
                 self._latencies.ws_answered("check", trio.current_time() - arrived)
                 continue
-            if isinstance(item.op, NewPeer | Restore):
+            if isinstance(item.op, (NewPeer, Restore)):
                 if len(self._peers) + self._making_peers >= self._most_peers:
                     refusal = QuotaFull(
                         "peers_per_connection",
