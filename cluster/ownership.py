@@ -408,12 +408,17 @@ class Ownership:
 
     def acting(self, slot: int, now: float) -> bool:
         """Does this node act for `slot` now (it gained it, and its lease runs)?"""
+        return self.acting_ballot(slot, now) is not None
+
+    def acting_ballot(self, slot: int, now: float) -> Ballot | None:
+        """The ballot this node acts for `slot` under now, if it does. It acts from the moment
+        a quorum accepted its write, before `events` has said so: what adopts a slot's state
+        from the `Gained` event compares its ballot with this one."""
         owned = self._owned.get(slot)
-        return (
-            owned is not None
-            and owned.phase == ACTING
-            and now < owned.lease_from + self.usable_lease
-        )
+        if owned is not None and owned.phase == ACTING:
+            if now < owned.lease_from + self.usable_lease:
+                return owned.ballot
+        return None
 
     def reaches_quorum(self, now: float) -> bool:
         """Did a quorum confirm a lease round this node sent in the last half lease? Then its

@@ -209,6 +209,9 @@ class RateLimits:
         # Exact mode: the slots whose keys start spent, and since when; kept until a key spent
         # then would be as good as new.
         self._spent_since: dict[int, float] = {}
+        # Exact mode in a cluster: the slots this node decides the keys of, by the ballot it
+        # adopted their state under (`gain_slot` until `lose_slot`).
+        self._adopted: dict[int, Ballot] = {}
         # Hand-overs received, by slot, and when (`handed_over`).
         self._handovers: dict[int, tuple[RateHandover, float]] = {}
         self._horizon = max(
@@ -320,9 +323,15 @@ class RateLimits:
         """This node decides the exact keys of `slot` no more (it acted under `ballot`): what
         it knew of them is dropped here, and handed over if it `resigned` (for every live
         member: the ring names who should take the slot next, but ballots settle who does)."""
+        self._adopted.pop(slot, None)
         keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
         rates = SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
         return RateHandover(slot, ballot, rates) if resigned else None
+
+    def adopted(self, slot: int) -> Ballot | None:
+        """The ballot this node adopted `slot`'s keys under, until it lost the slot: it decides
+        them only while it acts for the slot under that same ballot."""
+        return self._adopted.get(slot)
 
     def handed_over(self, handover: RateHandover, now: float) -> None:
         """A resigning owner's hand-over, kept `HANDOVER_KEPT` in case this node takes the slot
@@ -331,11 +340,14 @@ class RateLimits:
         if known is None or known[0].ballot < handover.ballot:
             self._handovers[handover.slot] = (handover, now)
 
-    def gain_slot(self, slot: int, now: float, previous: Ballot, cold: bool = False) -> None:
-        """This node decides the exact keys of `slot` from now on, having adopted the state of
-        ballot `previous` (`cold`: of none, a new era): nothing was decided before a new era;
-        a hand-over from `previous` says how the keys stand; else each starts spent as of `now`
-        (docs/cluster.md, "Rate limits in exact mode")."""
+    def gain_slot(
+        self, slot: int, now: float, ballot: Ballot, previous: Ballot, cold: bool = False
+    ) -> None:
+        """This node decides the exact keys of `slot` under `ballot` from now on, having
+        adopted the state of ballot `previous` (`cold`: of none, a new era): nothing was
+        decided before a new era; a hand-over from `previous` says how the keys stand; else
+        each starts spent as of `now` (docs/cluster.md, "Rate limits in exact mode")."""
+        self._adopted[slot] = ballot
         for key in self.held_keys():
             if slot_of(rate_key(*key)) == slot:
                 self._forget(key)

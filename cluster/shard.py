@@ -78,6 +78,7 @@ class Answer:
 @dataclass(frozen=True)
 class SlotGained:
     slot: int
+    ballot: Ballot
     previous: Ballot
     cold: bool
 
@@ -444,7 +445,9 @@ class Shard:
                 self.home.gain(peers, now)
                 names = self._slot_semaphores.get(event.slot, [])
                 self.owner.gain(names, semaphores, now, self.ownership.era, event.cold)
-                self._changes.append(SlotGained(event.slot, event.previous, event.cold))
+                self._changes.append(
+                    SlotGained(event.slot, event.ballot, event.previous, event.cold)
+                )
             elif isinstance(event, Lost):
                 slot = event.slot
                 lost.append(slot)

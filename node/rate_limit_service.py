@@ -181,7 +181,9 @@ class RateLimitService:
                             members.links.send(member, handover)
                             self._handed_to.add(member)
             elif isinstance(change, SlotGained):
-                self.core.gain_slot(change.slot, self._clock(), change.previous, change.cold)
+                self.core.gain_slot(
+                    change.slot, self._clock(), change.ballot, change.previous, change.cold
+                )
 
     def handed_over(self, message: RateHandover) -> None:
         """A resigning owner's states of a slot this node may take next."""
@@ -219,8 +221,11 @@ class RateLimitService:
             return None  # every node decides: available as long as it runs
         slot, now = slot_of(rate_key(op.limiter, op.key)), self._node_clock.now()
         ownership = members.ownership
-        if ownership.acting(slot, now):
-            return None
+        ballot = ownership.acting_ballot(slot, now)
+        if ballot is not None:
+            if self.core.adopted(slot) == ballot:
+                return None
+            raise Unavailable("this node is taking this key's slot; ask again")
         owner = ownership.actor_of(slot, now)
         if owner is None or owner == ownership.me:
             raise Unavailable("this node does not act for this key's slot now; ask again")

@@ -165,6 +165,8 @@ def keys_in(slot: int | None = None, other_than: int | None = None, count: int =
 
 
 OLD, NEW, NEWER = Ballot(7, 1, "n1"), Ballot(7, 2, "n2"), Ballot(7, 3, "n1")
+# The ballot a gaining node takes a slot under.
+TERM = Ballot(7, 9, "n9")
 
 
 def test_the_keys_of_a_slot_gained_without_a_hand_over_start_spent_and_no_others():
@@ -172,7 +174,7 @@ def test_the_keys_of_a_slot_gained_without_a_hand_over_start_spent_and_no_others
     slot = slot_of(rate_key("api", theirs))
     mine = keys_in(other_than=slot)[0]
     gainer = node("n2", 2)
-    gainer.gain_slot(slot, 10.0, previous=OLD)
+    gainer.gain_slot(slot, 10.0, TERM, previous=OLD)
     # The old owner may have admitted the whole bucket until 10.0: one token back a second on.
     decision = gainer.check("api", theirs, 1, 10.5)
     assert not decision.go and decision.retry_after == pytest.approx(0.5)
@@ -197,7 +199,7 @@ def test_a_resigning_owner_hands_its_keys_over_with_what_they_remember():
     assert handover.rates.spent_since is None
     assert owner.keys() == 1
     successor.handed_over(handover, 0.2)
-    successor.gain_slot(slot, 0.5, previous=OLD)
+    successor.gain_slot(slot, 0.5, TERM, previous=OLD)
     assert successor.spent_slots() == 0
     assert successor.check("api", key, 3, 0.5, retry_id=7) == first  # remembered, not again
     assert successor.check("api", key, 1, 0.5).go  # 3 of 4 were spent: one left
@@ -214,12 +216,12 @@ def test_a_hand_over_counts_only_for_a_slot_gained_from_its_ballot_and_while_it_
     # failed): what OLD said no longer stands.
     successor = node("n3", 3)
     successor.handed_over(handover, 0.0)
-    successor.gain_slot(slot, 1.0, previous=NEW)
+    successor.gain_slot(slot, 1.0, TERM, previous=NEW)
     assert not successor.check("api", key, 1, 1.0).go and successor.spent_slots() == 1
     # Kept HANDOVER_KEPT, no longer.
     late = node("n2", 2)
     late.handed_over(handover, 0.0)
-    late.gain_slot(slot, HANDOVER_KEPT + 1.0, previous=OLD)
+    late.gain_slot(slot, HANDOVER_KEPT + 1.0, TERM, previous=OLD)
     assert late.spent_slots() == 1
     # A lost slot (its lease ran out) hands nothing over.
     assert node("n1", 1).lose_slot(slot, NEWER, resigned=False) is None
@@ -232,12 +234,12 @@ def test_a_slot_gained_spent_is_handed_over_spent():
     theirs = keys_in()[0]
     slot = slot_of(rate_key("api", theirs))
     taker, woken = node("n2", 2), node("n1", 1)
-    taker.gain_slot(slot, 10.0, previous=OLD)
+    taker.gain_slot(slot, 10.0, NEW, previous=OLD)
     handover = taker.lose_slot(slot, NEW, resigned=True)
     assert handover.rates == SlotRates((), spent_since=10.0)
     assert taker.spent_slots() == 0
     woken.handed_over(handover, 10.4)
-    woken.gain_slot(slot, 10.5, previous=NEW)
+    woken.gain_slot(slot, 10.5, NEWER, previous=NEW)
     assert not woken.check("api", theirs, 1, 10.5).go
     assert woken.check("api", theirs, 1, 11.0).go  # one token back a second after 10.0
     assert woken.spent_slots() == 1
@@ -248,5 +250,15 @@ def test_a_slot_gained_again_forgets_what_was_kept_of_it():
     slot = slot_of(rate_key("api", key))
     limits = node("n1")
     assert limits.check("api", key, 1, 0.0).go  # kept from an earlier term
-    limits.gain_slot(slot, 1.0, previous=OLD, cold=True)  # a new era: nothing decided before
+    limits.gain_slot(slot, 1.0, TERM, previous=OLD, cold=True)  # a new era: nothing decided before
     assert limits.check("api", key, 4, 1.0).go
+
+
+def test_a_node_decides_a_slots_keys_under_the_ballot_it_adopted_them_under_until_it_loses_it():
+    slot = slot_of(rate_key("api", keys_in()[0]))
+    limits = node("n2", 2)
+    assert limits.adopted(slot) is None
+    limits.gain_slot(slot, 1.0, NEW, previous=OLD)
+    assert limits.adopted(slot) == NEW
+    limits.lose_slot(slot, NEW, resigned=False)
+    assert limits.adopted(slot) is None
