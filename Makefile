@@ -73,6 +73,7 @@ bench: $(INSTALLED) redis
 	$(BIN)/python bench/abuse.py
 	$(BIN)/python bench/websocket_framing.py
 	$(BIN)/python bench/cold_start.py
+	$(BIN)/python bench/cluster_of_one.py
 
 # bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
 # a free loopback port). Installed as root, else through sudo. Tests do not need it.
