@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import overload
+from typing import Protocol, overload
 
 import trio
 
@@ -46,7 +46,6 @@ from sluicegate.cluster.shard import SlotChange, SlotGained, SlotLost
 from sluicegate.cluster.slots import slot_of
 
 from .clock import TRIO_CLOCK, Clock
-from .links import Links
 from .membership_actor import MembershipActor
 from .rpc import Rpc, Unavailable
 
@@ -67,6 +66,15 @@ class _Waiter:
         self.retry_at = 0.0
 
 
+class HandOverLinks(Protocol):
+    """What the rate limits need of the node's links (node/links.py): a resigned slot's keys
+    sent to a member, and a wait until the members have them."""
+
+    def send(self, remote_id: str, message: object) -> object: ...
+
+    async def acknowledged(self, remote_ids: list[str], timeout: float) -> bool: ...
+
+
 @dataclass(frozen=True)
 class MemberReach:
     """What a cluster node's rate limits reach the other members through."""
@@ -74,7 +82,7 @@ class MemberReach:
     ownership: Ownership
     membership: MembershipActor
     rpc: Rpc
-    links: Links
+    links: HandOverLinks
 
 
 class RateLimitService:

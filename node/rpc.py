@@ -13,7 +13,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -26,7 +26,7 @@ from sluicegate.cluster.semaphore_ops import (
 )
 
 from .clock import TRIO_CLOCK, Clock
-from .links import STALL_AFTER, Link, Links
+from .links import STALL_AFTER, Link
 
 log = logging.getLogger("sluicegate.rpc")
 
@@ -90,10 +90,19 @@ class _Slot:
         self.message: Reply | Failure | None = None
 
 
+class CallLinks(Protocol):
+    """What calls need of the node's links (node/links.py): the link to a node, to tell whether
+    it is up and whether it stalls, and a message sent on it."""
+
+    def find(self, remote_id: str) -> Link | None: ...
+
+    def send(self, remote_id: str, message: object) -> object: ...
+
+
 class Rpc:
     def __init__(
         self,
-        links: Links,
+        links: CallLinks,
         clock: Clock = TRIO_CLOCK,
         heard_of: Callable[[str], float | None] = lambda node_id: None,
     ) -> None:
