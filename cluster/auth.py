@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from .errors import Forbidden
 from .peer_ids import key_of, made_with
-from .rate_limits import RateCheck, RateChecks, RateWait
+from .rate_limits import RateCheck, RateChecks, RateLease, RateWait
 from .semaphore_ops import (
     Acquire,
     Heartbeat,
@@ -74,6 +74,7 @@ _WRITES = {
     RateCheck: True,
     RateChecks: True,
     RateWait: True,
+    RateLease: True,
 }
 
 
@@ -83,7 +84,7 @@ def _names(op: object) -> tuple[str, tuple[str, ...]]:
         return "semaphores", (op.semaphore,)
     if isinstance(op, Restore):
         return "semaphores", tuple(op.acquired)
-    if isinstance(op, RateCheck | RateChecks | RateWait):
+    if isinstance(op, RateCheck | RateChecks | RateWait | RateLease):
         return "rate_limits", (op.limiter,)
     return "", ()
 

@@ -88,6 +88,14 @@ class UnknownLimiter(RateLimitError):
         self.limiter = limiter
 
 
+class NotLeased(RateLimitError):
+    """A slice asked of a rate limiter that is not in lease mode."""
+
+    def __init__(self, limiter: str) -> None:
+        super().__init__(f"Rate limiter {limiter!r} is not in lease mode")
+        self.limiter = limiter
+
+
 class InvalidWeight(RateLimitError):
     """A weight below 1, or one the limiter could never admit at once."""
 

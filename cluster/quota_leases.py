@@ -43,8 +43,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
+from .rate_algorithms import Decision
+
+# The algorithms a limiter in lease mode may use, and how long a slice lasts unless configured.
+LEASE_ALGORITHMS = ("token_bucket", "gcra", "fixed_window")
+DEFAULT_TERM = 1.0
 # Clocks of a holder and an owner run at rates within this of each other: a holder's end of a
 # slice comes before the owner's.
 CLOCK_RATE_BOUND = 0.01
@@ -103,6 +108,10 @@ class Pool(Protocol):
         """Seconds until `tokens` could be granted, if nothing else changes."""
         ...
 
+    def full_at(self) -> float:
+        """When the budget is whole again, with no slice open."""
+        ...
+
 
 class BucketPool:
     """A token bucket's budget (GCRA's too): it refills into the room open slices leave."""
@@ -140,6 +149,9 @@ class BucketPool:
             return math.inf  # not before open slices end
         return max(0.0, (tokens - self.level) / self.rate)
 
+    def full_at(self) -> float:
+        return self.stamp + (self.capacity - self.level) / self.rate
+
 
 class WindowPool:
     """A fixed window's budget: a count per window aligned to multiples of `window`."""
@@ -173,6 +185,9 @@ class WindowPool:
     def wait_for(self, tokens: float, now: float, reserved: float) -> float:
         return self.start + self.window - now
 
+    def full_at(self) -> float:
+        return self.start + self.window if self.count else self.start
+
 
 @dataclass
 class _Open:
@@ -197,7 +212,7 @@ class LeaseStats:
     lost: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class KeyLeases:
     """One key's pool and open slices, at its owner."""
 
@@ -257,6 +272,25 @@ class KeyLeases:
         if not self.open:
             self.reserved = 0.0  # no float dust left behind
 
+    def take_now(self, n: int, now: float) -> Decision:
+        """A check decided here (a client that holds no slice, or another API): `n` taken from
+        the pool and spent at once, or sorry."""
+        self.expire(now)
+        available = self.pool.available(now, self.reserved)
+        if available >= n:
+            self.pool.take(n)
+            return Decision(True, math.floor(available - n), 0.0)
+        wait = self.pool.wait_for(n, now, self.reserved)
+        if math.isinf(wait):
+            wait = self.next_end() - now
+        return Decision(False, math.floor(available), max(wait, 0.0))
+
+    def idle_at(self) -> float:
+        """When the key is as good as new: no slice open, and the pool full again."""
+        if self.open:
+            return math.inf
+        return self.pool.full_at()
+
     def next_end(self) -> float:
         return min((o.until for o in self.open.values()), default=math.inf)
 
@@ -308,3 +342,61 @@ def spent(pool: Pool, term: float, now: float, hold: float) -> KeyLeases:
     leases.open[PREDECESSOR] = _Open(PREDECESSOR, capacity, 0, now + hold, 0)
     leases.reserved = float(capacity)
     return leases
+
+
+class LeaseAlgorithm:
+    """A limiter in lease mode, as the rate limits see its algorithm (`rate_algorithms`): each
+    key's state is its `KeyLeases`. A plain check takes from the pool at once. Keys are not
+    handed over when their slot changes hands: a new owner starts them spent (`spent`), which
+    holds for a resigned slot too, and after a cold start of the cluster, since clients keep
+    their slices through both."""
+
+    name: ClassVar[str] = "lease"
+
+    def __init__(
+        self, algorithm: str, limit: int, rate: float | None, window: float | None, term: float
+    ) -> None:
+        if algorithm not in LEASE_ALGORITHMS:
+            raise ValueError(f"lease mode takes {', '.join(LEASE_ALGORITHMS)}, not {algorithm}")
+        self.algorithm = algorithm
+        self.limit = limit
+        self.rate = rate
+        self.window = window
+        self.term = term
+        self.max_weight = limit
+        self.stats = LeaseStats()
+
+    def pool(self, now: float) -> Pool:
+        """A whole budget, as of `now`."""
+        if self.window is not None:
+            return WindowPool(
+                self.limit, self.window, math.floor(now / self.window) * self.window, 0
+            )
+        assert self.rate is not None
+        return BucketPool(self.limit, self.rate, float(self.limit), now)
+
+    def new_state(self, now: float) -> KeyLeases:
+        return KeyLeases(self.pool(now), self.term, stats=self.stats)
+
+    def spent(self, at: float) -> KeyLeases:
+        leases = spent(self.pool(at), self.term, at, predecessor_hold(self.term))
+        leases.stats = self.stats
+        return leases
+
+    def check(self, state: KeyLeases, n: int, now: float) -> Decision:
+        return state.take_now(n, now)
+
+    def idle_at(self, state: KeyLeases) -> float:
+        return state.idle_at()
+
+    def values(self, state: KeyLeases) -> tuple[float, ...]:
+        raise TypeError("lease-mode keys are not handed over")
+
+    def from_values(self, values: tuple[float, ...]) -> KeyLeases:
+        raise TypeError("lease-mode keys are not handed over")
+
+    def merge(self, a: KeyLeases, b: KeyLeases) -> KeyLeases:
+        raise TypeError("lease-mode keys are not merged")
+
+    def consume(self, state: KeyLeases, n: int, at: float) -> float:
+        raise TypeError("lease-mode keys are decided by their owner alone")

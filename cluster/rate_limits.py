@@ -25,18 +25,27 @@ beyond the rule is measured here (`overshoot`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import BeyondLimit, InvalidWeight, QuotaFull, UnknownLimiter
+from .errors import BeyondLimit, InvalidWeight, NotLeased, QuotaFull, UnknownLimiter
 from .limits import DEFAULT_LIMITS, Limits
+from .quota_leases import (
+    DEFAULT_TERM,
+    Grant,
+    KeyLeases,
+    LeaseAlgorithm,
+    SliceReport,
+    predecessor_hold,
+)
 from .rate_algorithms import ALGORITHMS, AnyAlgorithm, Decision
 from .ring import rate_key
 from .slots import NO_BALLOT, Ballot, slot_of
 
-MODES = ("exact", "gossip")
+MODES = ("exact", "gossip", "lease")
 # A go is remembered by its retry id for at least this long (and at most twice): longer than a
 # client keeps asking again (`CALL_PATIENCE`, 30 s from its first failure; a check fails within
 # `FORWARD_TIMEOUT`, 10 s, of its sending).
@@ -59,8 +68,12 @@ class RateLimiterConfig:
     rate: float | None = None
     window: float | None = None
     mode: str = "exact"
+    # Lease mode: how long a slice lasts.
+    term: float = DEFAULT_TERM
 
     def build(self) -> AnyAlgorithm:
+        if self.mode == "lease":
+            return LeaseAlgorithm(self.algorithm, self.limit, self.rate, self.window, self.term)
         match self.algorithm:
             case "token_bucket":
                 return ALGORITHMS["token_bucket"](self.limit, self.rate)
@@ -104,7 +117,20 @@ class RateWait:
     retry_id: int | None = None
 
 
-RateOperation = RateCheck | RateChecks | RateWait
+@dataclass(frozen=True, slots=True)
+class RateLease:
+    """A holder's ask for a slice of `key` (lease mode): what it spent of the slices it holds
+    (`reports`), and up to `want` tokens for the next term. `ask_id`: the same on every try."""
+
+    limiter: str
+    key: str
+    holder: int
+    reports: tuple[SliceReport, ...]
+    want: int
+    ask_id: int
+
+
+RateOperation = RateCheck | RateChecks | RateWait | RateLease
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +248,19 @@ class RateLimits:
             ),
             default=0.0,
         )
+        # Lease mode: the slots this node gained, and when: their keys start spent then, with
+        # the capacity held back while the slices of the previous owner may last.
+        self._leased_since: dict[int, float] = {}
+        configs_leased = [c for c in configs.values() if c.mode == "lease"]
+        self._lease_horizon = (
+            max(
+                (predecessor_hold(c.term) + (c.window or c.limit / (c.rate or 1.0)))
+                for c in configs_leased
+            )
+            if configs_leased
+            else 0.0
+        )
+        self._slice_ids = itertools.count((rng or random.Random()).getrandbits(40) << 20)
 
     @property
     def names(self) -> list[str]:
@@ -289,6 +328,26 @@ class RateLimits:
                 stats.sorry += 1
         return decision
 
+    def ask(self, op: RateLease, now: float) -> Grant:
+        """A holder's ask for a slice of a lease-mode key (`cluster/quota_leases.py`)."""
+        algorithm = self.validate(op.limiter, 1)
+        if self._modes[op.limiter] != "lease":
+            raise NotLeased(op.limiter)
+        if len(op.key) > self._limits.key_length:
+            raise BeyondLimit("key_length", f"a key of {len(op.key)} characters")
+        which = (op.limiter, op.key)
+        state = self._states.get(which)
+        if state is None:
+            if self._key_counts[op.limiter] >= self._limits.rate_limit_keys:
+                raise QuotaFull(
+                    "rate_limit_keys",
+                    f"rate limiter {op.limiter!r} keeps {self._key_counts[op.limiter]} keys here",
+                )
+            state = self._state(op.limiter, algorithm, op.key, now)
+        assert isinstance(state, KeyLeases)
+        want = min(max(op.want, 1), algorithm.max_weight)
+        return state.ask(next(self._slice_ids), op.holder, op.reports, want, now, op.ask_id)
+
     def earlier_go(self, limiter: str, key: str, retry_id: int | None) -> Decision | None:
         """The go a request of `retry_id` got already, if this node remembers one: the answer
         to its retry, which is not admitted again."""
@@ -319,11 +378,19 @@ class RateLimits:
         """Every exact-mode key whose state this node keeps."""
         return [key for key in self._states if self._modes[key[0]] == "exact"]
 
+    def _forget_leased(self, slot: int) -> None:
+        for key in [k for k in self._states if self._modes[k[0]] == "lease"]:
+            if slot_of(rate_key(*key)) == slot:
+                self._forget(key)
+
     def lose_slot(self, slot: int, ballot: Ballot, resigned: bool) -> RateHandover | None:
         """This node decides the exact keys of `slot` no more (it acted under `ballot`): what
         it knew of them is dropped here, and handed over if it `resigned` (for every live
         member: the ring names who should take the slot next, but ballots settle who does)."""
         self._adopted.pop(slot, None)
+        if self._leased_since:
+            self._forget_leased(slot)
+        self._leased_since.pop(slot, None)
         keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
         rates = SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
         return RateHandover(slot, ballot, rates) if resigned else None
@@ -348,6 +415,9 @@ class RateLimits:
         decided before a new era; a hand-over from `previous` says how the keys stand; else
         each starts spent as of `now` (docs/cluster.md, "Rate limits in exact mode")."""
         self._adopted[slot] = ballot
+        if self._lease_horizon:
+            self._forget_leased(slot)
+            self._leased_since[slot] = now
         for key in self.held_keys():
             if slot_of(rate_key(*key)) == slot:
                 self._forget(key)
@@ -431,6 +501,9 @@ class RateLimits:
         for slot, since in list(self._spent_since.items()):
             if since + self._horizon <= now:
                 del self._spent_since[slot]
+        for slot, since in list(self._leased_since.items()):
+            if since + self._lease_horizon <= now:
+                del self._leased_since[slot]
         return len(idle)
 
     def keys(self) -> int:
@@ -439,11 +512,9 @@ class RateLimits:
     def _state(self, limiter: str, algorithm: AnyAlgorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            spent_at = (
-                self._spent_since.get(slot_of(rate_key(limiter, key)))
-                if self._spent_since and self._modes[limiter] == "exact"
-                else None
-            )
+            mode = self._modes[limiter]
+            since = self._spent_since if mode == "exact" else self._leased_since
+            spent_at = since.get(slot_of(rate_key(limiter, key))) if since else None
             state = algorithm.new_state(now) if spent_at is None else algorithm.spent(spent_at)
             self._keep((limiter, key), state)
         return state

@@ -14,7 +14,8 @@ load. Our own sections are checked strictly: a mistake there is refused at start
 Every setting is also a flag and an environment variable (`node/settings.py`).
 
 Rate limits, each `algorithm` with its two settings, and `mode` "exact" (the default: the key's
-owner decides, no overshoot) or "gossip" (the node asked decides at once; see docs/rate_limits.md):
+owner decides, no overshoot), "gossip" (the node asked decides at once) or "lease" (our clients
+decide from slices the owner hands them for a `term`, default 1s; see docs/rate_limits.md):
 
 ```toml
 [rate_limits]
@@ -23,6 +24,7 @@ burst = { algorithm = "gcra", burst = 10, rate = 5 }
 crawl = { algorithm = "fixed_window", limit = 5, window = "800ms" }
 smooth = { algorithm = "sliding_window", limit = 100, window = "1m" }
 search = { algorithm = "sliding_log", limit = 8, window = "1s", mode = "gossip" }
+fetch = { algorithm = "token_bucket", capacity = 200, rate = 1000, mode = "lease", term = "2s" }
 ```
 
 Our own section, for running several nodes as one cluster:
@@ -104,6 +106,7 @@ from sluicegate.cluster.dns_seeds import (
 )
 from sluicegate.cluster.durations import DurationError, parse_duration
 from sluicegate.cluster.limits import Limits
+from sluicegate.cluster.quota_leases import DEFAULT_TERM, LEASE_ALGORITHMS
 from sluicegate.cluster.rate_limits import MODES, RateLimiterConfig
 from sluicegate.cluster.semaphores import SemaphoreConfig
 
@@ -197,12 +200,14 @@ class NodeConfig:
 
 def definitions_digest(config: NodeConfig) -> str:
     """A digest of what decides answers: every semaphore (max, level) and rate limiter
-    (algorithm, limit, rate, window, mode), by name. Nodes gossip it to find members configured
-    otherwise (docs: README, "Changing semaphores and rate limits")."""
+    (algorithm, limit, rate, window, mode, and the term of lease mode), by name. Nodes gossip it
+    to find members configured otherwise (docs: README, "Changing semaphores and rate
+    limits")."""
     definitions = {
         "semaphores": {name: [s.max, s.level] for name, s in config.semaphores.items()},
         "rate_limits": {
             name: [r.algorithm, r.limit, r.rate, r.window, r.mode]
+            + ([r.term] if r.mode == "lease" else [])
             for name, r in config.rate_limits.items()
         },
     }
@@ -297,7 +302,7 @@ def _rate_limits(table: object, source: str) -> dict[str, RateLimiterConfig]:
             choices = ", ".join(_ALGORITHM_KEYS)
             raise ConfigError(f"{source}: {key}.algorithm must be one of {choices}")
         limit_key, other_key = _ALGORITHM_KEYS[algorithm]
-        unknown = set(value) - {"algorithm", "mode", limit_key, other_key}
+        unknown = set(value) - {"algorithm", "mode", "term", limit_key, other_key}
         if unknown:
             raise ConfigError(
                 f"{source}: {key}.{sorted(unknown)[0]} is not a setting of {algorithm} "
@@ -311,16 +316,24 @@ def _rate_limits(table: object, source: str) -> dict[str, RateLimiterConfig]:
         mode = value.get("mode", "exact")
         if mode not in MODES:
             raise ConfigError(f"{source}: {key}.mode must be one of {', '.join(MODES)}")
+        if mode == "lease" and algorithm not in LEASE_ALGORITHMS:
+            raise ConfigError(
+                f"{source}: {key}: mode lease takes {', '.join(LEASE_ALGORITHMS)}, not "
+                f"{algorithm} (its rule is about when each admission happened)"
+            )
+        if "term" in value and mode != "lease":
+            raise ConfigError(f"{source}: {key}.term is a setting of mode lease only")
+        term = _duration(value, "term", DEFAULT_TERM, source, prefix=key)
         if other_key == "rate":
             rate = value["rate"]
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
                 raise ConfigError(f"{source}: {key}.rate must be a number above 0 (per second)")
             if not math.isfinite(rate):
                 raise ConfigError(f"{source}: {key}.rate must be finite")
-            config = RateLimiterConfig(algorithm, limit, rate=float(rate), mode=mode)
+            config = RateLimiterConfig(algorithm, limit, rate=float(rate), mode=mode, term=term)
         else:
             window = _duration(value, "window", 0.0, source, prefix=key)
-            config = RateLimiterConfig(algorithm, limit, window=window, mode=mode)
+            config = RateLimiterConfig(algorithm, limit, window=window, mode=mode, term=term)
         result[name] = config
     return result
 

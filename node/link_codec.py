@@ -28,6 +28,7 @@ from sluicegate.cluster.ownership import (
     SlotImage,
 )
 from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.quota_leases import Grant, SliceReport
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import (
     RateCheck,
@@ -35,6 +36,7 @@ from sluicegate.cluster.rate_limits import (
     RateEvent,
     RateEvents,
     RateHandover,
+    RateLease,
     RateState,
     RateStates,
     RateWait,
@@ -119,6 +121,9 @@ LINK_CODEC = Codec(
         78: SlotRates,
         79: LockRecord,
         80: SemaphoreRecord,
+        81: RateLease,
+        82: SliceReport,
+        83: Grant,
         **HANDSHAKE_MESSAGES,
     }
 )

@@ -31,12 +31,14 @@ from typing import Protocol, overload
 import trio
 
 from sluicegate.cluster.ownership import Ownership
+from sluicegate.cluster.quota_leases import Grant
 from sluicegate.cluster.rate_algorithms import SOON, Decision
 from sluicegate.cluster.rate_limits import (
     RateCheck,
     RateChecks,
     RateEvents,
     RateHandover,
+    RateLease,
     RateLimits,
     RateOperation,
     RateWait,
@@ -123,6 +125,10 @@ class RateLimitService:
         retry_ids = op.retry_ids or (None,) * op.times
         return [self._check(op.limiter, op.key, op.n, retry_id) for retry_id in retry_ids]
 
+    def ask_here(self, op: RateLease) -> Grant:
+        """A holder's ask for a slice of a lease-mode key, answered here, now."""
+        return self.core.ask(op, self._clock())
+
     def _check(self, limiter: str, key: str, n: int, retry_id: int | None) -> Decision:
         if self._queues and self._queues.get((limiter, key)):
             repeated = self.core.earlier_go(limiter, key, retry_id)
@@ -136,7 +142,9 @@ class RateLimitService:
     async def call(self, op: RateCheck | RateWait) -> Decision: ...
     @overload
     async def call(self, op: RateChecks) -> list[Decision]: ...
-    async def call(self, op: RateOperation) -> Decision | list[Decision]:
+    @overload
+    async def call(self, op: RateLease) -> Grant: ...
+    async def call(self, op: RateOperation) -> Decision | list[Decision] | Grant:
         """Decide `op` wherever it is decided; `Unavailable` while that cannot be done."""
         owner = self._owner(op)
         if owner is None:
@@ -145,16 +153,18 @@ class RateLimitService:
         timeout = FORWARD_TIMEOUT + (op.timeout if isinstance(op, RateWait) else 0.0)
         return await self._members.rpc.call(owner, op, timeout)
 
-    async def serve(self, op: RateOperation) -> Decision | list[Decision]:
+    async def serve(self, op: RateOperation) -> Decision | list[Decision] | Grant:
         """Decide `op` for another node that forwarded it, if this node acts for its key."""
         self._refuse_unless_decided_here(op)
         return await self._decide(op)
 
-    async def _decide(self, op: RateOperation) -> Decision | list[Decision]:
+    async def _decide(self, op: RateOperation) -> Decision | list[Decision] | Grant:
         if isinstance(op, RateCheck):
             return self.check_here(op)
         if isinstance(op, RateChecks):
             return self.checks_here(op)
+        if isinstance(op, RateLease):
+            return self.ask_here(op)
         return await self._wait_here(op)
 
     def status(self) -> list[dict]:

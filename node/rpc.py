@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.quota_leases import Grant
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import RateOperation
 from sluicegate.cluster.semaphore_ops import (
@@ -50,7 +51,7 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class Reply:
     call_id: int
-    result: AcquireOutcome | Decision | list[Decision] | bool | int | list[int] | None
+    result: AcquireOutcome | Decision | list[Decision] | Grant | bool | int | list[int] | None
 
 
 @dataclass(frozen=True, slots=True)

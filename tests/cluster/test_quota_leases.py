@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluicegate.cluster.errors import NotLeased, UnknownLimiter
 from sluicegate.cluster.quota_leases import (
     PREDECESSOR,
     BucketPool,
@@ -23,6 +24,9 @@ from sluicegate.cluster.quota_leases import (
     predecessor_hold,
     spent,
 )
+from sluicegate.cluster.rate_limits import RateLease, RateLimiterConfig, RateLimits
+from sluicegate.cluster.ring import rate_key
+from sluicegate.cluster.slots import NO_BALLOT, Ballot, slot_of
 
 TERM = 1.0
 
@@ -204,3 +208,37 @@ def test_holders_of_a_fixed_window_admit_at_most_its_limit_per_window(seed):
         number = math.floor(at / window)
         per_window[number] = per_window.get(number, 0) + 1
     assert max(per_window.values(), default=0) <= limit
+
+
+# -- a limiter in lease mode (`cluster/rate_limits.py`) ---------------------------------------
+
+LEASED = {
+    "fetch": RateLimiterConfig("token_bucket", 10, rate=5.0, mode="lease", term=1.0),
+    "api": RateLimiterConfig("token_bucket", 10, rate=5.0),
+}
+
+
+def test_a_lease_mode_limiter_hands_out_slices_and_decides_plain_checks_from_the_same_pool():
+    limits = RateLimits(LEASED, "n1", random.Random(1))
+    grant = limits.ask(RateLease("fetch", "k", holder=1, reports=(), want=6, ask_id=1), 0.0)
+    assert grant.tokens == 6
+    assert [limits.check("fetch", "k", 1, 0.0).go for _ in range(5)] == [True] * 4 + [False]
+    with pytest.raises(NotLeased):
+        limits.ask(RateLease("api", "k", holder=1, reports=(), want=1, ask_id=2), 0.0)
+    with pytest.raises(UnknownLimiter):
+        limits.ask(RateLease("nope", "k", holder=1, reports=(), want=1, ask_id=3), 0.0)
+
+
+def test_a_gained_slot_starts_its_leased_keys_spent_whatever_came_before():
+    limits = RateLimits(LEASED, "n1", random.Random(1))
+    key = "k"
+    slot = slot_of(rate_key("fetch", key))
+    limits.ask(RateLease("fetch", key, holder=1, reports=(), want=3, ask_id=1), 0.0)
+    # Even a cold start: the clients kept the slices the last era handed them.
+    limits.gain_slot(slot, 5.0, Ballot(8, 1, "n1"), previous=NO_BALLOT, cold=True)
+    assert not limits.check("fetch", key, 1, 5.0).go
+    later = 5.0 + predecessor_hold(1.0) + 0.2  # one token refilled after the hold
+    assert limits.check("fetch", key, 1, later).go
+    assert not limits.check("fetch", key, 1, later).go
+    limits.lose_slot(slot, Ballot(8, 1, "n1"), resigned=True)
+    assert limits.keys() == 0

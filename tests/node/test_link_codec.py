@@ -1,5 +1,5 @@
 """The node links' codec (node/link_codec.py) carries every message of slot ownership and quorum
-writes, and gives back what was sent."""
+writes, and a forwarded ask for a slice, and gives back what was sent."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ from sluicegate.cluster.ownership import (
     SlotImage,
 )
 from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.quota_leases import Grant, SliceReport
+from sluicegate.cluster.rate_limits import RateLease
 from sluicegate.cluster.replication import Accept, Accepted
 from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
 from sluicegate.cluster.slots import NO_BALLOT, Ballot
 from sluicegate.node.link_codec import LINK_CODEC
+from sluicegate.node.rpc import Call, Reply
 
 
 def record(key: int) -> PeerRecord:
@@ -46,5 +49,15 @@ def test_every_ownership_message_crosses_a_node_link():
         ColdStart(ballot),
         ColdAnswer(ballot, ballot, False),
         ColdStarted(ballot),
+    ]
+    assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
+
+
+def test_a_forwarded_ask_for_a_slice_and_its_grant_cross_a_node_link():
+    reports = (SliceReport(1 << 50, 3), SliceReport((1 << 50) + 1, 0, closed=True))
+    messages = [
+        Call(7, RateLease("fetch", "tenant", 2**63 - 1, reports, 40, 2**64 - 1)),
+        Reply(7, Grant(1 << 50, 40, 0.998)),
+        Reply(8, Grant(0, 0, 0.0, retry_after=0.25)),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages

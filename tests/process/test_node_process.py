@@ -204,7 +204,21 @@ def test_config_parsing_matches_throttle():
         (
             '[rate_limits]\napi = { algorithm = "fixed_window", limit = 2, window = "1s", '
             'mode = "fast" }\n',
-            "rate_limits.api.mode must be one of exact, gossip",
+            "rate_limits.api.mode must be one of exact, gossip, lease",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "sliding_log", limit = 2, window = "1s", '
+            'mode = "lease" }\n',
+            "rate_limits.api: mode lease takes token_bucket, gcra, fixed_window, not sliding_log",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "gcra", burst = 2, rate = 1, term = "1s" }\n',
+            "rate_limits.api.term is a setting of mode lease only",
+        ),
+        (
+            '[rate_limits]\napi = { algorithm = "gcra", burst = 2, rate = 1, mode = "lease", '
+            'term = "0s" }\n',
+            "rate_limits.api.term must be longer than zero",
         ),
         (
             '[rate_limits]\napi = { algorithm = "sliding_log", limit = 1000000, window = "1s" }\n',
