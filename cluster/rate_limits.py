@@ -276,6 +276,14 @@ class RateLimits:
             raise InvalidWeight(n, algorithm.max_weight)
         return algorithm
 
+    def lease_terms(self) -> dict[str, float]:
+        """The term of each limiter in lease mode."""
+        return {
+            name: algorithm.term
+            for name, algorithm in self._algorithms.items()
+            if isinstance(algorithm, LeaseAlgorithm)
+        }
+
     def mode(self, limiter: str) -> str:
         if limiter not in self._modes:
             raise UnknownLimiter(limiter)

@@ -125,6 +125,10 @@ class RateLimitService:
         retry_ids = op.retry_ids or (None,) * op.times
         return [self._check(op.limiter, op.key, op.n, retry_id) for retry_id in retry_ids]
 
+    def lease_terms(self) -> dict[str, float]:
+        """The term of each limiter in lease mode."""
+        return self.core.lease_terms()
+
     def ask_here(self, op: RateLease) -> Grant:
         """A holder's ask for a slice of a lease-mode key, answered here, now."""
         return self.core.ask(op, self._clock())

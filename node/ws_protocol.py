@@ -10,15 +10,16 @@ A request frame is a msgpack array of request maps, each with an `id` the answer
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
 import msgpack
 
 from sluicegate.cluster import errors
+from sluicegate.cluster.quota_leases import MAX_OPEN_PER_HOLDER, Grant, SliceReport
 from sluicegate.cluster.rate_algorithms import Decision
-from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation, RateWait
+from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateLease, RateOperation, RateWait
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     AcquireOutcome,
@@ -132,16 +133,19 @@ def decode(frame: bytes | str, expect_hello: bool) -> dict | list[Request | Reje
     return requests
 
 
-def welcome(node_id: str, idle_timeout: float) -> bytes:
-    return msgpack.packb(
-        {
-            "welcome": PROTOCOL_VERSION,
-            "node": node_id,
-            "max_frame": MAX_FRAME,
-            "idle_timeout": idle_timeout,
-            "check_times": True,  # a `check` may carry `times` (older nodes do not say so)
-        }
-    )
+def welcome(node_id: str, idle_timeout: float, leases: Mapping[str, float]) -> bytes:
+    """`leases`: the term of each rate limiter in lease mode (a client decides its checks from
+    slices it asks for with `lease`)."""
+    message = {
+        "welcome": PROTOCOL_VERSION,
+        "node": node_id,
+        "max_frame": MAX_FRAME,
+        "idle_timeout": idle_timeout,
+        "check_times": True,  # a `check` may carry `times` (older nodes do not say so)
+    }
+    if leases:
+        message["leases"] = dict(leases)
+    return msgpack.packb(message)
 
 
 def encode_answers(answers: list[dict]) -> list[bytes]:
@@ -177,7 +181,14 @@ def ok(request_id: int, result: object) -> dict:
         return decision(request_id, result)
     if isinstance(result, list) and result and isinstance(result[0], Decision):
         return decisions(request_id, result)
-    if isinstance(result, AcquireOutcome):
+    if isinstance(result, Grant):
+        result = {
+            "slice": result.slice_id,
+            "tokens": result.tokens,
+            "term": result.term,
+            "retry_after": result.retry_after,
+        }
+    elif isinstance(result, AcquireOutcome):
         result = (
             {"acquired": True, "token": result.fencing_token}
             if result.acquired
@@ -231,6 +242,8 @@ def domain_error(request_id: int, failure: BaseException) -> dict:
             return error(request_id, "stale", f"Operation {op} is older than {applied}, applied")
         case errors.UnknownLimiter(limiter=limiter):
             return error(request_id, "unknown_limiter", f"Unknown rate limiter {limiter!r}")
+        case errors.NotLeased(limiter=limiter):
+            return error(request_id, "not_leased", f"Rate limiter {limiter!r} is not in lease mode")
         case errors.InvalidWeight(weight=weight, max_weight=most):
             return error(
                 request_id, "invalid_weight", f"Weight must be from 1 to {most}, not {weight}"
@@ -354,11 +367,45 @@ def _wait(item: dict) -> RateWait:
     )
 
 
-def _retry_id(item: dict) -> int | None:
-    retry_id = item.get("retry_id")
+def _lease(item: dict) -> RateLease:
+    holder = _field(item, "holder", int)
+    if not 0 <= holder <= MAX_RETRY_ID:
+        raise _BadRequest("field 'holder' must be an unsigned 64-bit integer")
+    ask_id = _retry_id(item, "ask_id")
+    if ask_id is None:
+        raise _BadRequest("missing field 'ask_id'")
+    want = _field(item, "want", int)
+    if not 0 <= want <= MAX_RETRY_ID:
+        raise _BadRequest("field 'want' must be an unsigned 64-bit integer")
+    listed = _field(item, "reports", list, [])
+    if len(listed) > 2 * MAX_OPEN_PER_HOLDER:
+        raise _BadRequest(f"field 'reports' holds at most {2 * MAX_OPEN_PER_HOLDER} reports")
+    reports = []
+    for report in listed:
+        if not (
+            isinstance(report, list)
+            and len(report) == 3
+            and _is_retry_id(report[0])
+            and _is_retry_id(report[1])
+            and type(report[2]) is bool
+        ):
+            raise _BadRequest("each report must be [slice, spent, closed]")
+        reports.append(SliceReport(report[0], report[1], report[2]))
+    return RateLease(
+        _field(item, "limiter", str),
+        _field(item, "key", str, ""),
+        holder,
+        tuple(reports),
+        want,
+        ask_id,
+    )
+
+
+def _retry_id(item: dict, name: str = "retry_id") -> int | None:
+    retry_id = item.get(name)
     if retry_id is None or _is_retry_id(retry_id):
         return retry_id
-    raise _BadRequest("field 'retry_id' must be an unsigned 64-bit integer")
+    raise _BadRequest(f"field {name!r} must be an unsigned 64-bit integer")
 
 
 def _is_retry_id(value: object) -> bool:
@@ -376,5 +423,6 @@ _OPERATIONS: dict[str, Callable[[dict], Operation | RateOperation]] = {
     "restore": _restore,
     "check": _check,
     "wait": _wait,
+    "lease": _lease,
 }
 OPERATION_NAMES = sorted(_OPERATIONS)

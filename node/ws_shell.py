@@ -29,7 +29,13 @@ from sluicegate.cluster.errors import (
     SemaphoreError,
     UnknownPeer,
 )
-from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateOperation, RateWait
+from sluicegate.cluster.rate_limits import (
+    RateCheck,
+    RateChecks,
+    RateLease,
+    RateOperation,
+    RateWait,
+)
 from sluicegate.cluster.semaphore_ops import (
     Acquire,
     Heartbeat,
@@ -73,6 +79,7 @@ _OP_NAMES = {
     Restore: "restore",
     RateCheck: "check",
     RateChecks: "check",
+    RateLease: "lease",
     RateWait: "wait",
 }
 # Operations whose answers tell of a peer's life: made, restored, released, or unknown.
@@ -190,7 +197,9 @@ class WsConnection:
                 raise protocol.ProtocolViolation(
                     protocol.CLOSE_UNAUTHORIZED, "this node needs a token in the hello"
                 )
-        await self._ws.send_message(protocol.welcome(self._node_id, self._idle_timeout))
+        await self._ws.send_message(
+            protocol.welcome(self._node_id, self._idle_timeout, self._rate_limits.lease_terms())
+        )
         while True:
             frame = await self._ws.get_message()
             arrived = self._last_frame = trio.current_time()

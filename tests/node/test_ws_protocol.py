@@ -6,7 +6,8 @@ import msgpack
 import pytest
 
 from sluicegate.cluster import errors
-from sluicegate.cluster.rate_limits import RateCheck, RateChecks
+from sluicegate.cluster.quota_leases import Grant, SliceReport
+from sluicegate.cluster.rate_limits import RateCheck, RateChecks, RateLease
 from sluicegate.cluster.semaphore_ops import Acquire, Restore
 from sluicegate.node import ws_protocol as protocol
 from sluicegate.node.rpc import Unavailable
@@ -73,6 +74,35 @@ def test_a_check_asked_times_times_is_one_request_that_counts_as_that_many():
         ({"id": 1, "op": "check", "limiter": "a", "times": 2, "retry_ids": [1]}, "bad_request"),
         ({"id": 1, "op": "check", "limiter": "a", "times": 2, "retry_ids": 1}, "bad_request"),
         ({"id": 1, "op": "wait", "limiter": "a", "timeout": 1, "retry_id": 0.5}, "bad_request"),
+        ({"id": 1, "op": "lease", "limiter": "a", "holder": 1, "want": 1}, "bad_request"),
+        (
+            {"id": 1, "op": "lease", "limiter": "a", "holder": -1, "want": 1, "ask_id": 1},
+            "bad_request",
+        ),
+        (
+            {
+                "id": 1,
+                "op": "lease",
+                "limiter": "a",
+                "holder": 1,
+                "want": 1,
+                "ask_id": 1,
+                "reports": [[1, 2]],
+            },
+            "bad_request",
+        ),
+        (
+            {
+                "id": 1,
+                "op": "lease",
+                "limiter": "a",
+                "holder": 1,
+                "want": 1,
+                "ask_id": 1,
+                "reports": [[1, 2, False]] * 5,
+            },
+            "bad_request",
+        ),
         ({"id": "1", "op": "new_peer"}, "bad_request"),
         ("not a map", "bad_request"),
     ],
@@ -113,3 +143,28 @@ def test_frames_that_are_not_requests_end_the_connection():
     with pytest.raises(protocol.ProtocolViolation) as violation:
         protocol.decode(msgpack.packb({"hello": 1}), expect_hello=False)
     assert violation.value.code == protocol.CLOSE_UNDECODABLE
+
+
+def test_an_ask_for_a_slice_and_its_grant():
+    [ask] = decode(
+        {
+            "id": 4,
+            "op": "lease",
+            "limiter": "fetch",
+            "key": "k",
+            "holder": 2**63,
+            "want": 30,
+            "ask_id": 9,
+            "reports": [[77, 5, True], [78, 0, False]],
+        }
+    )
+    reports = (SliceReport(77, 5, True), SliceReport(78, 0, False))
+    assert ask == protocol.Request(4, RateLease("fetch", "k", 2**63, reports, 30, 9))
+    assert protocol.ok(4, Grant(79, 30, 0.5)) == {
+        "id": 4,
+        "ok": {"slice": 79, "tokens": 30, "term": 0.5, "retry_after": 0.0},
+    }
+    assert protocol.domain_error(4, errors.NotLeased("api"))["error"] == "not_leased"
+    welcome = msgpack.unpackb(protocol.welcome("n1", 60.0, {"fetch": 0.5}))
+    assert welcome["leases"] == {"fetch": 0.5}
+    assert "leases" not in msgpack.unpackb(protocol.welcome("n1", 60.0, {}))
