@@ -113,12 +113,19 @@ class Connection:
     request wakes only its caller, and an answer frame wakes the callers it answers."""
 
     def __init__(
-        self, ws, node: str, tasks: anyio.abc.TaskGroup, check_times: bool = False
+        self,
+        ws,
+        node: str,
+        tasks: anyio.abc.TaskGroup,
+        check_times: bool = False,
+        leases: dict[str, float] | None = None,
     ) -> None:
         self._ws = ws
         self._tasks = tasks
         self._slot = _slot_class()
         self.node = node
+        # The node's rate limiters in lease mode, and their terms (its welcome says).
+        self.leases = leases or {}
         # Does the node take `times` on a check? Then runs of equal checks go as one request,
         # and `_groups` maps such a request's id to the ids of the calls it stands for.
         self._check_times = check_times
@@ -165,7 +172,13 @@ class Connection:
             if ws is not None and getattr(ws, "close_code", None) == CLOSE_UNAUTHORIZED:
                 raise Unauthorized(f"{url} refused the client's token: {ws.closed}") from None
             raise ConnectionLost(f"cannot connect to {url}: {error!r}") from None
-        connection = cls(ws, welcome.get("node", url), tasks, welcome.get("check_times", False))
+        connection = cls(
+            ws,
+            welcome.get("node", url),
+            tasks,
+            welcome.get("check_times", False),
+            welcome.get("leases"),
+        )
         tasks.start_soon(connection._send_loop)
         return connection
 

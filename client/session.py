@@ -262,6 +262,21 @@ class Session:
             request["n"] = n
         return request
 
+    def lease(
+        self, limiter: str, key: str, holder: int, reports: list[list], want: int, ask_id: int
+    ) -> dict:
+        """An ask for a slice of a lease-mode key; `ask_id` the same on every try of it."""
+        return {
+            "id": next(self._ids),
+            "op": "lease",
+            "limiter": limiter,
+            "key": key,
+            "holder": holder,
+            "reports": reports,
+            "want": want,
+            "ask_id": ask_id,
+        }
+
     def wait(self, limiter: str, key: str, n: int, timeout: float, retry_id: int) -> dict:
         request = self.check(limiter, key, n, retry_id)
         request.update(op="wait", timeout=timeout)

@@ -347,9 +347,9 @@ def spent(pool: Pool, term: float, now: float, hold: float) -> KeyLeases:
 class LeaseAlgorithm:
     """A limiter in lease mode, as the rate limits see its algorithm (`rate_algorithms`): each
     key's state is its `KeyLeases`. A plain check takes from the pool at once. Keys are not
-    handed over when their slot changes hands: a new owner starts them spent (`spent`), which
-    holds for a resigned slot too, and after a cold start of the cluster, since clients keep
-    their slices through both."""
+    handed over when their slot changes hands: a new owner starts them spent (`spent`), for a
+    resigned slot too, since its holders keep their slices through the change. A new era (the
+    whole cluster started cold) starts them whole, as exact mode does."""
 
     name: ClassVar[str] = "lease"
 

@@ -353,7 +353,7 @@ class RateLimits:
                 )
             state = self._state(op.limiter, algorithm, op.key, now)
         assert isinstance(state, KeyLeases)
-        want = min(max(op.want, 1), algorithm.max_weight)
+        want = min(op.want, algorithm.max_weight)  # 0: reports only
         return state.ask(next(self._slice_ids), op.holder, op.reports, want, now, op.ask_id)
 
     def earlier_go(self, limiter: str, key: str, retry_id: int | None) -> Decision | None:
@@ -424,8 +424,12 @@ class RateLimits:
         each starts spent as of `now` (docs/cluster.md, "Rate limits in exact mode")."""
         self._adopted[slot] = ballot
         if self._lease_horizon:
+            # Lease-mode keys are never handed over: their holders may spend slices of the
+            # previous owner still, unless there was none (a new era).
             self._forget_leased(slot)
-            self._leased_since[slot] = now
+            self._leased_since.pop(slot, None)
+            if not (cold or previous == NO_BALLOT):
+                self._leased_since[slot] = now
         for key in self.held_keys():
             if slot_of(rate_key(*key)) == slot:
                 self._forget(key)

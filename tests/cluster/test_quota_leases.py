@@ -229,13 +229,15 @@ def test_a_lease_mode_limiter_hands_out_slices_and_decides_plain_checks_from_the
         limits.ask(RateLease("nope", "k", holder=1, reports=(), want=1, ask_id=3), 0.0)
 
 
-def test_a_gained_slot_starts_its_leased_keys_spent_whatever_came_before():
+def test_a_gained_slot_starts_its_leased_keys_spent_unless_a_new_era_starts_them_whole():
     limits = RateLimits(LEASED, "n1", random.Random(1))
     key = "k"
     slot = slot_of(rate_key("fetch", key))
     limits.ask(RateLease("fetch", key, holder=1, reports=(), want=3, ask_id=1), 0.0)
-    # Even a cold start: the clients kept the slices the last era handed them.
-    limits.gain_slot(slot, 5.0, Ballot(8, 1, "n1"), previous=NO_BALLOT, cold=True)
+    limits.gain_slot(slot, 1.0, Ballot(8, 1, "n1"), previous=NO_BALLOT, cold=True)
+    assert limits.check("fetch", key, 10, 1.0).go
+    # Even a slot resigned to this node: the holders keep the slices they had of the key.
+    limits.gain_slot(slot, 5.0, Ballot(8, 3, "n1"), previous=Ballot(8, 2, "n2"))
     assert not limits.check("fetch", key, 1, 5.0).go
     later = 5.0 + predecessor_hold(1.0) + 0.2  # one token refilled after the hold
     assert limits.check("fetch", key, 1, later).go
