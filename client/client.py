@@ -298,6 +298,19 @@ class Client:
             self._running().start_soon(self._renew_slice, limiter, key, slices)
         return RateDecision(True, left, 0.0)
 
+    async def _admit_leased(
+        self, limiter: str, key: str, n: int, timeout: float | None, deadline: float
+    ) -> RateDecision:
+        """Wait here, checking again when the slice or the owner's sorry says, until go."""
+        while True:
+            decision = await self._check_leased(limiter, key, n)
+            if decision.go:
+                return decision
+            left = deadline - anyio.current_time()
+            if left < SHORTEST_WAIT:
+                raise RateLimited(f"{limiter!r} did not admit {n} within {timeout} s")
+            await anyio.sleep(min(decision.retry_after, left))
+
     def _new_slices(self, limiter: str, key: str) -> KeySlices:
         if len(self._slices) >= MAX_SLICED_KEYS:
             now = anyio.current_time()
@@ -340,6 +353,8 @@ class Client:
 
     async def _admit(self, limiter: str, key: str, n: int, timeout: float | None) -> RateDecision:
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        if self._lease_terms and limiter in self._lease_terms:
+            return await self._admit_leased(limiter, key, n, timeout, deadline)
         while True:
             wait = min(max(deadline - anyio.current_time(), 0.0), WAIT_SLICE)
             retry_id = self._rng.getrandbits(64)

@@ -30,6 +30,7 @@ HEADROOM = 1.5
 class _Slice:
     slice_id: int
     tokens: int
+    term: float
     ends: float
     got_at: float
     spent: int = 0
@@ -102,7 +103,7 @@ class KeySlices:
             return
         if self.current is not None:
             self._closing.append(self.current)
-        self.current = _Slice(slice_id, tokens, ask.sent_at + holder_term(term), now)
+        self.current = _Slice(slice_id, tokens, term, ask.sent_at + holder_term(term), now)
         self._want = ask.want
 
     def failed(self) -> None:
@@ -126,6 +127,5 @@ class KeySlices:
         if current is None:
             return max(n, self._want)
         elapsed = max(now - current.got_at, 1e-3)
-        term = current.ends - current.got_at
-        wanted = math.ceil(current.spent / elapsed * term * HEADROOM)
+        wanted = math.ceil(current.spent / elapsed * current.term * HEADROOM)
         return max(n, 1, min(wanted, 2 * current.tokens + n))

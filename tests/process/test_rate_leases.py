@@ -5,6 +5,8 @@ same budget, and a key's owner killed mid-way hands out nothing its holders may 
 from __future__ import annotations
 
 import json
+import math
+import time
 import urllib.request
 
 import pytest
@@ -28,6 +30,12 @@ capacity = {CAPACITY}
 rate = 0.0001
 mode = "lease"
 term = "1s"
+
+[rate_limits.window]
+algorithm = "fixed_window"
+limit = 5
+window = "1s"
+mode = "lease"
 
 [cluster]
 down_after = "1s"
@@ -89,6 +97,19 @@ async def test_clients_decide_from_slices_and_share_the_key_within_its_bucket(tm
         assert went >= (CAPACITY - 1) // 2
         assert sent < went  # most checks were decided by the clients themselves
         assert not http_check(node)["go"]
+
+
+async def test_rate_limited_waits_at_the_client_for_the_next_window(tmp_path):
+    with NodeProcess(CONFIG, workdir=tmp_path / "n1") as node:
+        async with await sg.connect(ws_url(node)) as client:
+            with trio.fail_after(TIMEOUT):
+                admitted = []
+                for _ in range(8):
+                    async with client.rate_limited("window", timeout=3):
+                        admitted.append(time.time())
+        windows = [math.floor(at) for at in admitted]
+        assert max(windows.count(w) for w in set(windows)) <= 5
+        assert len(set(windows)) >= 2
 
 
 async def test_a_killed_owner_hands_out_nothing_its_holders_may_still_spend(tmp_path):
