@@ -18,6 +18,7 @@ after the takeover bound its answer gives if it is not (`client/recovery.py`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -31,6 +32,7 @@ from typing import Any, overload
 from urllib.parse import unquote, urlsplit
 
 import anyio
+import sniffio
 
 from .connection import CONNECT_TIMEOUT, PROTOCOL_VERSION, Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
@@ -50,7 +52,7 @@ from .session import (
     UnknownPeer,
     UnknownSemaphore,
 )
-from .slices import KeySlices
+from .slices import Ask, KeySlices
 from .websocket import OpenWebSocket, extra_headers, open_websocket
 
 log = logging.getLogger("sluicegate.client")
@@ -125,6 +127,19 @@ async def connect(
     )
 
 
+# A decision made here, without the named tuple's own __new__ (a Python call per check).
+_decision = tuple.__new__
+
+
+def event_loop_clock() -> Callable[[], float]:
+    """The running event loop's clock, as `anyio.current_time` reads it."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_clock().current_time
+    return asyncio.get_running_loop().time
+
+
 @overload
 def seconds(interval: float | timedelta) -> float: ...
 @overload
@@ -185,6 +200,8 @@ class Client:
         self._holder = self._rng.getrandbits(63)
         self._slices: dict[tuple[str, str], KeySlices] = {}
         self._asked: dict[tuple[str, str], anyio.Event] = {}
+        # The event loop's clock (`anyio.current_time` finds the loop on every call).
+        self._now: Callable[[], float] = anyio.current_time
         # The peer of the current task's outermost lock (each task has a context of its own).
         self._task_peer: ContextVar[Peer | None] = ContextVar("sluicegate_peer", default=None)
 
@@ -205,6 +222,7 @@ class Client:
         return self._tasks
 
     async def __aenter__(self) -> Client:
+        self._now = event_loop_clock()
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         try:
@@ -281,22 +299,25 @@ class Client:
         slices = self._slices.get((limiter, key))
         if slices is None:
             slices = self._new_slices(limiter, key)
-        now = anyio.current_time()
+        now = self._now()
         left = slices.spend(n, now)
         if left is None:
             if now < slices.not_before:
                 return RateDecision(False, 0, slices.not_before - now)
             if slices.asking is None:
-                await self._ask_slice(limiter, key, slices, n)
+                await self._ask_slice(
+                    limiter, key, slices, self._begin_ask(limiter, key, slices, n)
+                )
             else:
                 await self._asked[limiter, key].wait()
-            now = anyio.current_time()
+            now = self._now()
             left = slices.spend(n, now)
             if left is None:
                 return RateDecision(False, 0, max(slices.not_before - now, SHORTEST_WAIT))
-        if slices.due(now):
-            self._running().start_soon(self._renew_slice, limiter, key, slices)
-        return RateDecision(True, left, 0.0)
+        if (left <= slices.renew_left or now >= slices.renew_at) and slices.due(now):
+            ask = self._begin_ask(limiter, key, slices, 1)
+            self._running().start_soon(self._renew_slice, limiter, key, slices, ask)
+        return _decision(RateDecision, (True, left, 0.0))
 
     async def _admit_leased(
         self, limiter: str, key: str, n: int, timeout: float | None, deadline: float
@@ -313,16 +334,21 @@ class Client:
 
     def _new_slices(self, limiter: str, key: str) -> KeySlices:
         if len(self._slices) >= MAX_SLICED_KEYS:
-            now = anyio.current_time()
+            now = self._now()
             for which in [w for w, s in self._slices.items() if s.idle(now)]:
                 del self._slices[which]
         slices = self._slices[limiter, key] = KeySlices()
         return slices
 
-    async def _ask_slice(self, limiter: str, key: str, slices: KeySlices, n: int) -> None:
-        """Ask the key's owner for the next slice, reporting what this client spent."""
-        ask = slices.ask(anyio.current_time(), n)
-        asked = self._asked[limiter, key] = anyio.Event()
+    def _begin_ask(self, limiter: str, key: str, slices: KeySlices, n: int) -> Ask:
+        """An ask for the key's next slice, from now (its term counts from here); the checks
+        that find nothing left meanwhile wait for its answer."""
+        self._asked[limiter, key] = anyio.Event()
+        return slices.ask(self._now(), n)
+
+    async def _ask_slice(self, limiter: str, key: str, slices: KeySlices, ask: Ask) -> None:
+        """Send `ask` to the key's owner, and take its answer."""
+        asked = self._asked[limiter, key]
         ask_id = self._rng.getrandbits(64)
         try:
             answer = await self._call(
@@ -337,17 +363,15 @@ class Client:
                 answer["tokens"],
                 answer["term"],
                 answer["retry_after"],
-                anyio.current_time(),
+                self._now(),
             )
         finally:
             del self._asked[limiter, key]
             asked.set()
 
-    async def _renew_slice(self, limiter: str, key: str, slices: KeySlices) -> None:
-        if slices.asking is not None:
-            return
+    async def _renew_slice(self, limiter: str, key: str, slices: KeySlices, ask: Ask) -> None:
         try:
-            await self._ask_slice(limiter, key, slices, 1)
+            await self._ask_slice(limiter, key, slices, ask)
         except SluicegateError as error:  # the next check asks again, and says what is wrong
             log.info("renewing a slice of %r failed: %s", limiter, error)
 

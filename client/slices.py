@@ -56,6 +56,9 @@ class KeySlices:
         # After a sorry from the owner: no ask (and every check sorry) until then.
         self.not_before = -math.inf
         self._want = FIRST_WANT
+        # The current slice is due for renewal once it has this much left, or at this time.
+        self.renew_left = 0
+        self.renew_at = -math.inf
 
     def spend(self, n: int, now: float) -> int | None:
         """Take `n` from the current slice: what it has left then, or None if it cannot."""
@@ -70,11 +73,10 @@ class KeySlices:
         if self.asking is not None or now < self.not_before:
             return False
         current = self.current
-        if current is None or now >= current.ends:
-            return True
         return (
-            current.spent >= current.tokens * RENEW_AT
-            or now >= current.got_at + (current.ends - current.got_at) * RENEW_AT
+            current is None
+            or now >= self.renew_at
+            or current.tokens - current.spent <= self.renew_left
         )
 
     def ask(self, now: float, n: int = 1) -> Ask:
@@ -103,8 +105,11 @@ class KeySlices:
             return
         if self.current is not None:
             self._closing.append(self.current)
-        self.current = _Slice(slice_id, tokens, term, ask.sent_at + holder_term(term), now)
+        ends = ask.sent_at + holder_term(term)
+        self.current = _Slice(slice_id, tokens, term, ends, now)
         self._want = ask.want
+        self.renew_left = tokens - math.ceil(tokens * RENEW_AT)
+        self.renew_at = now + (ends - now) * RENEW_AT
 
     def failed(self) -> None:
         """The ask got no answer: what it reported is reported again next time."""
