@@ -246,15 +246,11 @@ class Client:
                             releases.start_soon(self._quietly, self._connection.call, request)
                         now = anyio.current_time()
                         for (limiter, key), slices in self._slices.items():
-                            if slices.idle(now):
+                            reports = slices.closing_reports(now)
+                            if not reports:
                                 continue
                             request = self._session.lease(
-                                limiter,
-                                key,
-                                self._holder,
-                                slices.closing_reports(now),
-                                0,
-                                self._rng.getrandbits(64),
+                                limiter, key, self._holder, reports, 0, self._rng.getrandbits(64)
                             )
                             releases.start_soon(self._quietly, self._connection.call, request)
         finally:

@@ -203,12 +203,17 @@ class _Open:
 
 @dataclass
 class LeaseStats:
-    """Counts since the owner took the key, for metrics."""
+    """A limiter's slices at this node, for metrics."""
 
+    open: int = 0
     granted: int = 0
+    # Grants to a holder that held a slice of the key already.
     renewals: int = 0
+    # Tokens: what closes gave back unspent, and what holders reported they spent (the checks
+    # they decided themselves).
     returned_unspent: int = 0
     spent_reported: int = 0
+    # Slices that ended unclosed (their holder went, or did not ask again in time).
     lost: int = 0
 
 
@@ -257,6 +262,7 @@ class KeyLeases:
         self.reserved += tokens
         self.open[slice_id] = _Open(holder, tokens, 0, until, want, ask_id)
         self.stats.granted += 1
+        self.stats.open += 1
         self.stats.renewals += bool(held)
         return Grant(slice_id, tokens, until - now)
 
@@ -267,7 +273,9 @@ class KeyLeases:
             self.pool.available(until, self.reserved)  # the refill under its reserve, until then
             opened = self.open.pop(slice_id)
             self.reserved -= opened.tokens - opened.spent
-            self.stats.lost += opened.holder != PREDECESSOR
+            if opened.holder != PREDECESSOR:
+                self.stats.lost += 1
+                self.stats.open -= 1
         self.pool.available(now, self.reserved)
         if not self.open:
             self.reserved = 0.0  # no float dust left behind
@@ -291,6 +299,11 @@ class KeyLeases:
             return math.inf
         return self.pool.full_at()
 
+    def drop(self) -> None:
+        """The key goes from this node (its slot did): its slices are no longer counted here."""
+        self.stats.open -= sum(o.holder != PREDECESSOR for o in self.open.values())
+        self.open.clear()
+
     def next_end(self) -> float:
         return min((o.until for o in self.open.values()), default=math.inf)
 
@@ -307,6 +320,7 @@ class KeyLeases:
             self.reserved -= unspent
             self.pool.give_back(unspent)
             self.stats.returned_unspent += unspent
+            self.stats.open -= 1
             del self.open[report.slice_id]
 
     def _share(self, holder: int, want: int, available: int) -> int:

@@ -38,6 +38,7 @@ from .quota_leases import (
     Grant,
     KeyLeases,
     LeaseAlgorithm,
+    LeaseStats,
     SliceReport,
     predecessor_hold,
 )
@@ -276,6 +277,14 @@ class RateLimits:
             raise InvalidWeight(n, algorithm.max_weight)
         return algorithm
 
+    def lease_stats(self) -> dict[str, LeaseStats]:
+        """The slices of each limiter in lease mode, at this node."""
+        return {
+            name: algorithm.stats
+            for name, algorithm in self._algorithms.items()
+            if isinstance(algorithm, LeaseAlgorithm)
+        }
+
     def lease_terms(self) -> dict[str, float]:
         """The term of each limiter in lease mode."""
         return {
@@ -389,6 +398,9 @@ class RateLimits:
     def _forget_leased(self, slot: int) -> None:
         for key in [k for k in self._states if self._modes[k[0]] == "lease"]:
             if slot_of(rate_key(*key)) == slot:
+                leases = self._states[key]
+                assert isinstance(leases, KeyLeases)
+                leases.drop()
                 self._forget(key)
 
     def lose_slot(self, slot: int, ballot: Ballot, resigned: bool) -> RateHandover | None:

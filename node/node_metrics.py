@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sluicegate.cluster.quota_leases import LeaseStats
 from sluicegate.cluster.rate_limits import MAX_REMEMBERED_GOES, REMEMBER_GOES_FOR
 
 from .links import Links
@@ -23,6 +24,46 @@ class RateLimitCollector(Collector):
 
     def __init__(self, service: RateLimitService) -> None:
         self._service = service
+
+    @staticmethod
+    def _leases(stats: dict[str, LeaseStats]):
+        """Lease mode: the slices this node handed out, as the keys' owner."""
+        if not stats:
+            return
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "open": GaugeMetricFamily(
+                "sluicegate_rate_lease_slices_open",
+                "Slices of the limiter's keys that holders may spend now.",
+                labels=["limiter"],
+            ),
+            "granted": CounterMetricFamily(
+                "sluicegate_rate_lease_slices_granted", "Slices handed out.", labels=["limiter"]
+            ),
+            "renewals": CounterMetricFamily(
+                "sluicegate_rate_lease_renewals",
+                "Slices handed to a holder that held one of the key already.",
+                labels=["limiter"],
+            ),
+            "spent_reported": CounterMetricFamily(
+                "sluicegate_rate_lease_spent",
+                "Tokens holders reported spent: the checks they decided themselves (weight).",
+                labels=["limiter"],
+            ),
+            "returned_unspent": CounterMetricFamily(
+                "sluicegate_rate_lease_returned",
+                "Tokens closed slices gave back unspent (weight).",
+                labels=["limiter"],
+            ),
+            "lost": CounterMetricFamily(
+                "sluicegate_rate_lease_slices_lost",
+                "Slices that ended unclosed: their holder went, or asked again too late.",
+                labels=["limiter"],
+            ),
+        }
+        for name, counts in stats.items():
+            for field, family in families.items():
+                family.add_metric([name], getattr(counts, field))
+        yield from families.values()
 
     def collect(self):
         core = self._service.core
@@ -67,6 +108,7 @@ class RateLimitCollector(Collector):
         yield GaugeMetricFamily(
             "sluicegate_rate_limit_keys", "Keys whose state this node keeps.", value=core.keys()
         )
+        yield from self._leases(core.lease_stats())
         yield GaugeMetricFamily(
             "sluicegate_rate_limit_spent_slots",
             "Slots gained without their previous owner's hand-over, whose exact-mode keys start "

@@ -244,3 +244,18 @@ def test_a_gained_slot_starts_its_leased_keys_spent_unless_a_new_era_starts_them
     assert not limits.check("fetch", key, 1, later).go
     limits.lose_slot(slot, Ballot(8, 1, "n1"), resigned=True)
     assert limits.keys() == 0
+
+
+def test_the_open_slices_are_counted_through_closes_ends_and_a_lost_slot():
+    leases = bucket()
+    leases.ask(1, holder=1, reports=(), want=2, now=0.0)
+    leases.ask(2, holder=2, reports=(), want=2, now=0.0)
+    leases.ask(3, holder=3, reports=(), want=2, now=0.0)
+    assert leases.stats.open == 3
+    leases.ask(4, holder=1, reports=[SliceReport(1, 2, closed=True)], want=0, now=0.1)
+    assert leases.stats.open == 2 and leases.stats.spent_reported == 2
+    leases.expire(TERM)
+    assert leases.stats.open == 0 and leases.stats.lost == 2
+    leases.ask(5, holder=1, reports=(), want=2, now=TERM)
+    leases.drop()
+    assert leases.stats.open == 0 and leases.open == {}

@@ -78,6 +78,10 @@ async def spend(
     return went, sent
 
 
+def metric(node, name: str) -> float | None:
+    return gauge(node, name, limiter="fetch")
+
+
 def http_check(node) -> dict:
     request = urllib.request.Request(f"{node.url}/rate_limits/fetch/check?key=k", method="POST")
     try:
@@ -97,6 +101,11 @@ async def test_clients_decide_from_slices_and_share_the_key_within_its_bucket(tm
         assert went >= (CAPACITY - 1) // 2
         assert sent < went  # most checks were decided by the clients themselves
         assert not http_check(node)["go"]
+        # The clients closed their slices as they went, saying what each spent; a slice that
+        # ended before its holder said is not counted.
+        assert 0 < metric(node, "sluicegate_rate_lease_spent_total") <= went
+        assert metric(node, "sluicegate_rate_lease_slices_open") == 0
+        assert metric(node, "sluicegate_rate_lease_slices_granted_total") >= 4
 
 
 async def test_rate_limited_waits_at_the_client_for_the_next_window(tmp_path):
