@@ -55,10 +55,11 @@ CONFIG_TEXT = """
 A = 1
 B = 3
 
-# As in simulations/run.py: the rate task of simulations/workload.py uses both.
+# As in simulations/run.py: the rate task of simulations/workload.py uses all three.
 [rate_limits]
 exact = { algorithm = "fixed_window", limit = 3, window = "1s" }
 gossip = { algorithm = "fixed_window", limit = 5, window = "1s", mode = "gossip" }
+leased = { algorithm = "token_bucket", capacity = 4, rate = 2, mode = "lease", term = "1s" }
 
 [cluster]
 down_after = "2s"

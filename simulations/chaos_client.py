@@ -4,9 +4,10 @@
 
 A `sluicegate.client.Client` on the load balancer's URL, with `--tasks` tasks locking A (max 1)
 and B (max 3) as the simulation's clients do, and the simulation's rate task (checks of an
-exact and a gossip limiter, waits on the exact one: `simulations.workload.rates`), until
-SIGTERM or SIGINT. Every WebSocket the client opens is wrapped in `simulations.workload.Tap`,
-which records each rate-limit request as it leaves and its answer as it arrives.
+exact, a gossip and a lease-mode limiter, waits on the exact one:
+`simulations.workload.rates`), until SIGTERM or SIGINT. Every WebSocket the client opens is
+wrapped in `simulations.workload.Tap`, which records each rate-limit request as it leaves and
+its answer as it arrives.
 
 Everything goes to the journal at once, one JSON line each, stamped with `CLOCK`: every grant,
 release and refusal (an `Event`), and every rate-limit request (a `RateSend`, numbered) when it

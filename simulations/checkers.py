@@ -2,7 +2,7 @@
 
 Each violation reads `[checker] time: what`, so that a sweep can count them by checker:
 `max`, `lease`, `tokens`, `fencing`, `fifo`, `once`, `rate-exact`, `rate-gossip`,
-`liveness`, `exception`.
+`rate-lease`, `liveness`, `exception`.
 
 Client-observed holds are inside the real ones (a grant is seen after the owner made it, and a
 release is sent after the client stopped using the lock), so any overlap seen here happened at
@@ -47,6 +47,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
         *fifo(history, quiet),
         *rate_retries_once(history, config),
         *rate_limits(history, config, quiet),
+        *rate_leases(history, config),
         *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
         *[
             f"[exception] {e.at:.4f}: a task of {e.who} raised {e.detail}"
@@ -347,6 +348,40 @@ def rate_limits(
                 )
             violations += _gossip_known(goes, limiter, key, limit, g, quiet)
         violations += _wrong_sorries(mine, limiter, key, limit, window)
+    return violations
+
+
+def rate_leases(history: History, config: NodeConfig) -> list[str]:
+    """Token-bucket limiters in lease mode (capacity C, rate r): the goes clients decided from
+    their slices of a key, over any interval from one go to a later one, add up to at most
+    C + r x t (docs/rate_limits.md, "Lease mode"), whatever fails. A go is stamped when the
+    client decided it, with the clock the nodes decide the bucket on. The first breach of each
+    key is named."""
+    goes: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+    for event in history.events:
+        if event.kind == "leased":
+            goes[event.semaphore, event.detail].append((event.at, event.count))
+    violations = []
+    for (limiter, key), mine in sorted(goes.items()):
+        settings = config.rate_limits[limiter]
+        capacity, rate = settings.limit, settings.rate or 0.0
+        mine.sort()
+        # The most that went from go i to go j, beyond r x (t_j - t_i): the prefix sum up to
+        # and with j less r x t_j, against the least of the prefix before i less r x t_i.
+        went = 0
+        least = (math.inf, 0)  # (prefix before i - r x t_i, i)
+        for j, (at, n) in enumerate(mine):
+            least = min(least, (went - rate * at, j))
+            went += n
+            start = mine[least[1]][0]
+            beyond = went - rate * at - least[0]
+            if beyond > capacity + 1e-6:
+                total = went - sum(m for _, m in mine[: least[1]])
+                violations.append(
+                    f"[rate-lease] {at:.4f}: {limiter} {key!r} admitted {total} from "
+                    f"{start:.4f} s, beyond {capacity} + {rate:g} x {at - start:.4f} s"
+                )
+                break
     return violations
 
 

@@ -92,6 +92,12 @@ class History:
             )
         )
 
+    def lease_went(self, who: str, limiter: str, key: str, n: int) -> None:
+        """A check of `key` of a lease-mode limiter went, decided by client `who` from its
+        slice (an event of kind "leased", its key the detail)."""
+        self.operations += 1
+        self._add(Event(self._clock(), "leased", who, limiter, n, detail=key))
+
     def fault(self, kind: str, victim: str, lasting: float) -> None:
         self._add(Event(self._clock(), "fault", victim, detail=f"{kind} for {lasting:.2f}s"))
 

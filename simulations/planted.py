@@ -101,6 +101,18 @@ def rate_retry_decided_again() -> None:
     rate_limits.RememberedGoes.find = lambda self, key, retry_id: None
 
 
+def leased_keys_start_whole() -> None:
+    """A node that gains a slot starts its lease-mode keys whole, as a new era does, though the
+    holders still spend the slices its predecessor handed out."""
+    gain_slot = rate_limits.RateLimits.gain_slot
+
+    def gain_slot_whole(self, slot, now, ballot, previous, cold=False):
+        gain_slot(self, slot, now, ballot, previous, cold)
+        self._leased_since.pop(slot, None)
+
+    rate_limits.RateLimits.gain_slot = gain_slot_whole
+
+
 PLANTED: dict[str, Callable[[], None]] = {
     "tokens-restart-on-takeover": tokens_restart_on_takeover,
     "adopt-any-copy": adopt_any_copy,
@@ -110,4 +122,5 @@ PLANTED: dict[str, Callable[[], None]] = {
     "fifo-skipped-for-small-counts": fifo_skipped_for_small_counts,
     "duplicated-grant-on-retry": duplicated_grant_on_retry,
     "rate-retry-decided-again": rate_retry_decided_again,
+    "leased-keys-start-whole": leased_keys_start_whole,
 }

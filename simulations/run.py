@@ -49,6 +49,7 @@ B = { max = 3, level = 1 }
 [rate_limits]
 exact = { algorithm = "fixed_window", limit = 3, window = "1s" }
 gossip = { algorithm = "fixed_window", limit = 5, window = "1s", mode = "gossip" }
+leased = { algorithm = "token_bucket", capacity = 4, rate = 2, mode = "lease", term = "1s" }
 
 [cluster]
 down_after = "1s"

@@ -6,8 +6,9 @@ Each client (`sluicegate.client.Client`, over the simulated network) runs
   inside B (levels: B is 1, A is 0), holds it a while (one time in ten beyond a peer's expiry,
   so only heartbeats keep it) and lets go; holders of A write to the `FencedResource` with
   their fencing token;
-* one rate task: `check`s of a limiter in exact mode and of one in gossip mode, and `wait`s
-  (`rate_limited`) on the exact one.
+* one rate task: `check`s of a limiter in exact mode, of one in gossip mode and of one in lease
+  mode (bursts, decided by the client from its slices), and `wait`s (`rate_limited`) on the
+  exact one.
 
 `Tap` wraps a client's WebSocket: it records every rate-limit request as it leaves and its
 answer as it arrives (a request the client sends again after a broken connection, or one the
@@ -49,6 +50,7 @@ WRITE_DELAY_MAX = 2 * EXPIRES_IN
 # Rate limits the rate tasks use (simulations/run.py configures them): keys and a wait's timeout.
 EXACT_KEYS = ("k0", "k1")
 GOSSIP_KEYS = ("k0",)
+LEASED_KEYS = ("k0", "k1")
 RATE_WAIT_TIMEOUT = 1.5
 
 
@@ -329,8 +331,14 @@ async def rates(name: str, client: Client, history: History, rng: random.Random)
         try:
             if choice < 0.55:
                 await client.check("gossip", rng.choice(GOSSIP_KEYS), n)
-            elif choice < 0.9:
+            elif choice < 0.75:
                 await client.check("exact", rng.choice(EXACT_KEYS), n)
+            elif choice < 0.9:
+                # A burst from the client's slice of the key, asking for the next as it goes.
+                key = rng.choice(LEASED_KEYS)
+                for _ in range(rng.randint(1, 6)):
+                    if (await client.check("leased", key, n)).go:
+                        history.lease_went(name, "leased", key, n)
             else:
                 async with client.rate_limited(
                     "exact", rng.choice(EXACT_KEYS), n, timeout=RATE_WAIT_TIMEOUT
