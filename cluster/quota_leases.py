@@ -55,6 +55,10 @@ DEFAULT_TERM = 1.0
 CLOCK_RATE_BOUND = 0.01
 # A holder holds at most this many open slices of one key (its current one and the next).
 MAX_OPEN_PER_HOLDER = 2
+# A limiter has at most this many slices open at a node (about 250 bytes each); past it, an ask
+# is a sorry until some end or close (holder ids are the client's to choose, so a client could
+# otherwise make the owner keep a slice of one token for each).
+MAX_OPEN_SLICES = 100_000
 # The holder of the reserve a new owner keeps for the slices its predecessor granted.
 PREDECESSOR = -1
 
@@ -250,6 +254,8 @@ class KeyLeases:
         if len(held) >= MAX_OPEN_PER_HOLDER:
             retry = min(o.until for o in held) - now
             return Grant(0, 0, 0.0, retry_after=max(retry, 0.0))
+        if self.stats.open >= MAX_OPEN_SLICES:
+            return Grant(0, 0, 0.0, retry_after=self.term / 2)
         tokens = min(want, available, self._share(holder, want, available))
         if tokens < 1:
             wait = self.pool.wait_for(1.0, now, self.reserved)

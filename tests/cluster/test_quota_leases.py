@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluicegate.cluster import quota_leases
 from sluicegate.cluster.errors import NotLeased, UnknownLimiter
 from sluicegate.cluster.quota_leases import (
     PREDECESSOR,
@@ -259,3 +260,14 @@ def test_the_open_slices_are_counted_through_closes_ends_and_a_lost_slot():
     leases.ask(5, holder=1, reports=(), want=2, now=TERM)
     leases.drop()
     assert leases.stats.open == 0 and leases.open == {}
+
+
+def test_a_limiter_keeps_a_bounded_number_of_slices_open(monkeypatch):
+    monkeypatch.setattr(quota_leases, "MAX_OPEN_SLICES", 3)
+    leases = bucket(capacity=100)
+    for holder in range(3):
+        assert leases.ask(holder + 1, holder=holder, reports=(), want=1, now=0.0).tokens == 1
+    refused = leases.ask(9, holder=99, reports=(), want=1, now=0.0)
+    assert refused.tokens == 0 and refused.retry_after == TERM / 2
+    leases.ask(10, holder=0, reports=[SliceReport(1, 1, closed=True)], want=0, now=0.1)
+    assert leases.ask(11, holder=99, reports=(), want=1, now=0.1).tokens == 1
