@@ -13,6 +13,10 @@ from sluicegate.node import ws_protocol as protocol
 from sluicegate.node.rpc import Unavailable
 
 
+# A well-formed ask for a slice, for the bad ones to change one field of.
+LEASE = {"id": 1, "op": "lease", "limiter": "a", "holder": 1, "want": 1, "ask_id": 1}
+
+
 def decode(*requests: object) -> list:
     return protocol.decode(msgpack.packb(list(requests)), expect_hello=False)
 
@@ -74,35 +78,10 @@ def test_a_check_asked_times_times_is_one_request_that_counts_as_that_many():
         ({"id": 1, "op": "check", "limiter": "a", "times": 2, "retry_ids": [1]}, "bad_request"),
         ({"id": 1, "op": "check", "limiter": "a", "times": 2, "retry_ids": 1}, "bad_request"),
         ({"id": 1, "op": "wait", "limiter": "a", "timeout": 1, "retry_id": 0.5}, "bad_request"),
-        ({"id": 1, "op": "lease", "limiter": "a", "holder": 1, "want": 1}, "bad_request"),
-        (
-            {"id": 1, "op": "lease", "limiter": "a", "holder": -1, "want": 1, "ask_id": 1},
-            "bad_request",
-        ),
-        (
-            {
-                "id": 1,
-                "op": "lease",
-                "limiter": "a",
-                "holder": 1,
-                "want": 1,
-                "ask_id": 1,
-                "reports": [[1, 2]],
-            },
-            "bad_request",
-        ),
-        (
-            {
-                "id": 1,
-                "op": "lease",
-                "limiter": "a",
-                "holder": 1,
-                "want": 1,
-                "ask_id": 1,
-                "reports": [[1, 2, False]] * 5,
-            },
-            "bad_request",
-        ),
+        ({**LEASE, "ask_id": None}, "bad_request"),
+        ({**LEASE, "holder": -1}, "bad_request"),
+        ({**LEASE, "reports": [[1, 2]]}, "bad_request"),
+        ({**LEASE, "reports": [[1, 2, False]] * 5}, "bad_request"),
         ({"id": "1", "op": "new_peer"}, "bad_request"),
         ("not a map", "bad_request"),
     ],
