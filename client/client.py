@@ -244,7 +244,7 @@ class Client:
                         for peer_id in list(self._session.peers):
                             request = self._session.request("release_peer", peer=peer_id)
                             releases.start_soon(self._quietly, self._connection.call, request)
-                        now = anyio.current_time()
+                        now = self._now()
                         for (limiter, key), slices in self._slices.items():
                             reports = slices.closing_reports(now)
                             if not reports:
@@ -368,7 +368,8 @@ class Client:
     async def _renew_slice(self, limiter: str, key: str, slices: KeySlices, ask: Ask) -> None:
         try:
             await self._ask_slice(limiter, key, slices, ask)
-        except SluicegateError as error:  # the next check asks again, and says what is wrong
+        except (SluicegateError, ConnectionLost) as error:
+            # The next check that finds nothing left asks again, and raises what is wrong.
             log.info("renewing a slice of %r failed: %s", limiter, error)
 
     async def _admit(self, limiter: str, key: str, n: int, timeout: float | None) -> RateDecision:

@@ -12,7 +12,6 @@ from sluicegate.cluster.semaphore_ops import Acquire, Restore
 from sluicegate.node import ws_protocol as protocol
 from sluicegate.node.rpc import Unavailable
 
-
 # A well-formed ask for a slice, for the bad ones to change one field of.
 LEASE = {"id": 1, "op": "lease", "limiter": "a", "holder": 1, "want": 1, "ask_id": 1}
 
