@@ -262,6 +262,9 @@ class RateLimits:
             else 0.0
         )
         self._slice_ids = itertools.count((rng or random.Random()).getrandbits(40) << 20)
+        # Where a key of each mode finds since when its slot's keys start spent (gossip mode's
+        # never do: every node decides them).
+        self._spent_since_by_mode = {"exact": self._spent_since, "lease": self._leased_since}
 
     @property
     def names(self) -> list[str]:
@@ -408,9 +411,9 @@ class RateLimits:
         it knew of them is dropped here, and handed over if it `resigned` (for every live
         member: the ring names who should take the slot next, but ballots settle who does)."""
         self._adopted.pop(slot, None)
-        if self._leased_since:
+        if self._lease_horizon:
             self._forget_leased(slot)
-        self._leased_since.pop(slot, None)
+            self._leased_since.pop(slot, None)
         keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
         rates = SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
         return RateHandover(slot, ballot, rates) if resigned else None
@@ -536,8 +539,7 @@ class RateLimits:
     def _state(self, limiter: str, algorithm: AnyAlgorithm, key: str, now: float) -> object:
         state = self._states.get((limiter, key))
         if state is None:
-            mode = self._modes[limiter]
-            since = self._spent_since if mode == "exact" else self._leased_since
+            since = self._spent_since_by_mode.get(self._modes[limiter])
             spent_at = since.get(slot_of(rate_key(limiter, key))) if since else None
             state = algorithm.new_state(now) if spent_at is None else algorithm.spent(spent_at)
             self._keep((limiter, key), state)

@@ -271,3 +271,20 @@ def test_a_limiter_keeps_a_bounded_number_of_slices_open(monkeypatch):
     assert refused.tokens == 0 and refused.retry_after == TERM / 2
     leases.ask(10, holder=0, reports=[SliceReport(1, 1, closed=True)], want=0, now=0.1)
     assert leases.ask(11, holder=99, reports=(), want=1, now=0.1).tokens == 1
+
+
+def test_only_the_lease_mode_keys_of_a_gained_slot_start_spent_and_losing_it_drops_them():
+    configs = {**LEASED, "crawl": RateLimiterConfig("fixed_window", 5, window=1.0, mode="gossip")}
+    limits = RateLimits(configs, "n1", random.Random(1))
+    slot = slot_of(rate_key("fetch", "k"))
+    crawled = next(f"g{i}" for i in range(100_000) if slot_of(rate_key("crawl", f"g{i}")) == slot)
+    limits.gain_slot(slot, 5.0, Ballot(8, 3, "n1"), previous=Ballot(8, 2, "n2"))
+    assert not limits.check("fetch", "k", 1, 5.0).go
+    assert limits.check("crawl", crawled, 5, 5.0).go  # gossip mode: every node decides it
+    # A new era's slot starts whole; lost, its lease-mode keys and their slices go.
+    fresh = RateLimits(LEASED, "n1", random.Random(1))
+    fresh.gain_slot(slot, 1.0, Ballot(8, 1, "n1"), previous=NO_BALLOT, cold=True)
+    fresh.ask(RateLease("fetch", "k", holder=1, reports=(), want=3, ask_id=1), 1.0)
+    assert fresh.lease_stats()["fetch"].open == 1
+    fresh.lose_slot(slot, Ballot(8, 1, "n1"), resigned=False)
+    assert fresh.keys() == 0 and fresh.lease_stats()["fetch"].open == 0
