@@ -181,19 +181,19 @@ def ok(request_id: int, result: object) -> dict:
         return decision(request_id, result)
     if isinstance(result, list) and result and isinstance(result[0], Decision):
         return decisions(request_id, result)
-    if isinstance(result, Grant):
+    if isinstance(result, AcquireOutcome):
+        result = (
+            {"acquired": True, "token": result.fencing_token}
+            if result.acquired
+            else {"acquired": False}
+        )
+    elif isinstance(result, Grant):
         result = {
             "slice": result.slice_id,
             "tokens": result.tokens,
             "term": result.term,
             "retry_after": result.retry_after,
         }
-    elif isinstance(result, AcquireOutcome):
-        result = (
-            {"acquired": True, "token": result.fencing_token}
-            if result.acquired
-            else {"acquired": False}
-        )
     return {"id": request_id, "ok": result}
 
 
