@@ -9,6 +9,7 @@ import math
 import time
 import urllib.request
 
+import anyio
 import pytest
 import trio
 
@@ -106,6 +107,19 @@ async def test_clients_decide_from_slices_and_share_the_key_within_its_bucket(tm
         assert 0 < metric(node, "sluicegate_rate_lease_spent_total") <= went
         assert metric(node, "sluicegate_rate_lease_slices_open") == 0
         assert metric(node, "sluicegate_rate_lease_slices_granted_total") >= 4
+
+
+def test_a_client_under_asyncio_decides_from_its_slices_too(tmp_path):
+    async def spend_all(url: str) -> tuple[int, int]:
+        async with await sg.connect(url) as client:
+            went = 0
+            for _ in range(CAPACITY + 10):
+                went += (await client.check("fetch", key="a")).go
+            return went, client.connection.requests_sent
+
+    with NodeProcess(CONFIG, workdir=tmp_path / "n1") as node:
+        went, sent = anyio.run(spend_all, ws_url(node), backend="asyncio")
+    assert went == CAPACITY and sent < 20
 
 
 async def test_rate_limited_waits_at_the_client_for_the_next_window(tmp_path):
