@@ -32,7 +32,6 @@ from typing import Any, overload
 from urllib.parse import unquote, urlsplit
 
 import anyio
-import sniffio
 
 from .connection import CONNECT_TIMEOUT, PROTOCOL_VERSION, Connection
 from .recovery import CALL_PATIENCE, CallRecovery, ConnectionLost, GiveUp, NodeChoice, RestorePeer
@@ -132,12 +131,14 @@ _decision = tuple.__new__
 
 
 def event_loop_clock() -> Callable[[], float]:
-    """The running event loop's clock, as `anyio.current_time` reads it."""
-    if sniffio.current_async_library() == "trio":
+    """The running event loop's clock, as `anyio.current_time` reads it: asyncio's, or else
+    trio's (an asyncio application need not have trio)."""
+    try:
+        return asyncio.get_running_loop().time
+    except RuntimeError:
         import trio
 
         return trio.lowlevel.current_clock().current_time
-    return asyncio.get_running_loop().time
 
 
 @overload
