@@ -106,7 +106,8 @@ async def test_clients_decide_from_slices_and_share_the_key_within_its_bucket(tm
         # ended before its holder said is not counted.
         assert 0 < metric(node, "sluicegate_rate_lease_spent_total") <= went
         assert metric(node, "sluicegate_rate_lease_slices_open") == 0
-        assert metric(node, "sluicegate_rate_lease_slices_granted_total") >= 4
+        # (A client may get none: the others can have spent the bucket before it asks.)
+        assert metric(node, "sluicegate_rate_lease_slices_granted_total") >= 1
 
 
 def test_a_client_under_asyncio_decides_from_its_slices_too(tmp_path):
