@@ -116,6 +116,11 @@ class Pool(Protocol):
         """When the budget is whole again, with no slice open."""
         ...
 
+    def empty(self, now: float) -> int:
+        """Spend the whole budget as of `now` (a key taken from an owner that failed); what of
+        it slices granted before may still hold, to keep reserved until they end."""
+        ...
+
 
 class BucketPool:
     """A token bucket's budget (GCRA's too): it refills into the room open slices leave."""
@@ -156,6 +161,10 @@ class BucketPool:
     def full_at(self) -> float:
         return self.stamp + (self.capacity - self.level) / self.rate
 
+    def empty(self, now: float) -> int:
+        self.level, self.stamp = 0.0, now
+        return self.capacity
+
 
 class WindowPool:
     """A fixed window's budget: a count per window aligned to multiples of `window`."""
@@ -191,6 +200,11 @@ class WindowPool:
 
     def full_at(self) -> float:
         return self.start + self.window if self.count else self.start
+
+    def empty(self, now: float) -> int:
+        self.available(now, 0.0)
+        self.count = self.limit
+        return 0  # the slices granted before end with their window, which is this one
 
 
 @dataclass
@@ -349,18 +363,15 @@ def predecessor_hold(term: float, rate_bound: float = CLOCK_RATE_BOUND) -> float
     return term * (1.0 + rate_bound) / (1.0 - rate_bound)
 
 
-def spent(pool: Pool, term: float, now: float, hold: float) -> KeyLeases:
+def spent(
+    pool: Pool, term: float, now: float, hold: float, stats: LeaseStats | None = None
+) -> KeyLeases:
     """A key taken from an owner that failed: its budget spent as of `now`, and refilling into
     nothing until `hold` seconds on, when every slice the old owner granted has ended."""
-    if isinstance(pool, BucketPool):
-        pool.level, pool.stamp = 0.0, now
-    elif isinstance(pool, WindowPool):
-        pool.available(now, 0.0)
-        pool.count = pool.limit
-    leases = KeyLeases(pool, term)
-    capacity = pool.capacity if isinstance(pool, BucketPool) else 0
-    leases.open[PREDECESSOR] = _Open(PREDECESSOR, capacity, 0, now + hold, 0)
-    leases.reserved = float(capacity)
+    held = pool.empty(now)
+    leases = KeyLeases(pool, term, stats=stats or LeaseStats())
+    leases.open[PREDECESSOR] = _Open(PREDECESSOR, held, 0, now + hold, 0)
+    leases.reserved = float(held)
     return leases
 
 
@@ -399,9 +410,7 @@ class LeaseAlgorithm:
         return KeyLeases(self.pool(now), self.term, stats=self.stats)
 
     def spent(self, at: float) -> KeyLeases:
-        leases = spent(self.pool(at), self.term, at, predecessor_hold(self.term))
-        leases.stats = self.stats
-        return leases
+        return spent(self.pool(at), self.term, at, predecessor_hold(self.term), self.stats)
 
     def check(self, state: KeyLeases, n: int, now: float) -> Decision:
         return state.take_now(n, now)
