@@ -2,13 +2,16 @@
 
 Each violation reads `[checker] time: what`, so that a sweep can count them by checker:
 `max`, `lease`, `tokens`, `fencing`, `fifo`, `once`, `rate-exact`, `rate-gossip`,
-`rate-lease`, `liveness`, `exception`.
+`rate-lease`, `o2`, `liveness`, `exception`.
 
 Client-observed holds are inside the real ones (a grant is seen after the owner made it, and a
 release is sent after the client stopped using the lock), so any overlap seen here happened at
 the owner too. A rate-limit decision was made between its request's sending and its answer's
 arrival (both seen on the wire: simulations/workload.py's `Tap`), stamped with the nodes'
 clock: virtual time in a simulation, the wall clock in a chaos run (simulations/chaos.py).
+
+`o2` judges the servers instead: what every node life wrote, committed and gained
+(simulations/servers.py), whoever's client saw it or not.
 
 Some promises can only be judged where the order of events at a node is certain: in *quiet*
 times, from `QUIET_AFTER` seconds after the cluster was whole again (every node serving and
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from sluicegate.node.config import NodeConfig
 
 from .history import Event, History
+from .servers import ServerLog
 
 # After the cluster is whole again, clients may still be backing off (at most 1 s) or moving on
 # from a node that answered unavailable (after 1 s); quiet starts once they cannot be.
@@ -48,6 +52,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
         *rate_retries_once(history, config),
         *rate_limits(history, config, quiet),
         *rate_leases(history, config),
+        *committed_writes_survive(history.servers),
         *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
         *[
             f"[exception] {e.at:.4f}: a task of {e.who} raised {e.detail}"
@@ -133,10 +138,16 @@ def no_lease_lost(history: History, expires_in: float) -> list[str]:
 
 
 def tokens_rise(history: History) -> list[str]:
-    """Fencing tokens strictly increase per semaphore, in the order the grants were seen (for a
-    semaphore of max 1, holds do not overlap, so that is the order they were made in). A peer
-    asking again for a lock whose release its owner has not heard of yet gets a new lock and a
-    new token too (`SemaphoreLeases.request`)."""
+    """Fencing tokens strictly increase per semaphore:
+
+    * of A, in the order the grants were seen (for a semaphore of max 1, holds do not overlap,
+      so that is the order they were made in);
+    * of every semaphore, a lock asked for after another was granted gets a larger token than
+      that one (the grant was made before the ask, so the counter had passed it), and no two
+      holds share a token.
+
+    A peer asking again for a lock whose release its owner has not heard of yet gets a new lock
+    and a new token too (`SemaphoreLeases.request`)."""
     violations = []
     last: dict[str, tuple[int, str]] = {}
     for event in history.events:
@@ -149,6 +160,44 @@ def tokens_rise(history: History) -> list[str]:
                 f"{event.who} after {previous[0]} to {previous[1]}"
             )
         last[event.semaphore] = (event.token, event.who)
+    return violations + _tokens_after_grants(history.events)
+
+
+def _tokens_after_grants(events: list[Event]) -> list[str]:
+    violations = []
+    asked: dict[tuple[str, str], float] = {}
+    # Per semaphore, in the order seen: when each grant was seen, and the largest token granted
+    # until then (with its holder).
+    seen: dict[str, list[float]] = defaultdict(list)
+    largest: dict[str, list[tuple[int, str, float]]] = defaultdict(list)
+    holders: dict[tuple[str, int], str] = {}
+    for event in events:
+        key = (event.who, event.semaphore)
+        if event.kind == "asked":
+            asked[key] = event.at
+            continue
+        if event.kind != "granted" or event.token is None or key not in asked:
+            continue
+        name, since = event.semaphore, asked.pop(key)
+        before = bisect.bisect_left(seen[name], since)
+        if before:
+            token, who, at = largest[name][before - 1]
+            if event.token <= token:
+                violations.append(
+                    f"[tokens] {event.at:.4f}: token {event.token} on {name} to {event.who} "
+                    f"(asked {since:.4f}) after {token} to {who} (granted {at:.4f})"
+                )
+        top = largest[name][-1] if largest[name] else None
+        seen[name].append(event.at)
+        largest[name].append(
+            top if top is not None and top[0] >= event.token else (event.token, event.who, event.at)
+        )
+        other = holders.setdefault((name, event.token), event.who)
+        if other != event.who:
+            violations.append(
+                f"[tokens] {event.at:.4f}: token {event.token} on {name} to {event.who}, and "
+                f"to {other} before"
+            )
     return violations
 
 
@@ -549,3 +598,61 @@ def _node_lives(events: list[Event]):
         return sum(1 for at in ups if at < end) - sum(1 for at in downs if at < start)
 
     return lives
+
+
+def committed_writes_survive(servers: ServerLog) -> list[str]:
+    """O2 (docs/cluster.md), judged from every node life's records: a write that was committed
+    (a quorum held it, so its owner's `CommitGate` let go of what it held back, a client's
+    answer among them) is in the state every later owner of its slot gained (`Gained`).
+
+    For each gain under ballot G (in the same era; a cold start begins empty), the latest
+    committed version (b, v) of any ballot b < G must be there: each record it held, as it was,
+    and none it did not hold, but for the keys a later write (b', v') > (b, v), b' < G, set or
+    dropped (written, maybe not committed, and adopted: allowed)."""
+    violations = []
+    by_slot: dict[int, list] = defaultdict(list)
+    for writer in servers.writers.values():
+        by_slot[writer.slot].append(writer)
+    for gain in servers.gains:
+        if gain.cold:
+            continue
+        earlier = [
+            w
+            for w in by_slot[gain.slot]
+            if w.ballot.era == gain.ballot.era and w.ballot < gain.ballot
+        ]
+        committed = [w for w in earlier if w.committed >= 1]
+        if not committed:
+            continue
+        last = max(committed, key=lambda w: (w.ballot, w.committed))
+        state = last.state(last.committed)
+        if state is None:
+            continue
+        touched: set = set()
+        for writer in earlier:
+            for write in writer.writes.values():
+                if (writer.ballot, write.version) <= (last.ballot, last.committed):
+                    continue
+                if write.whole:
+                    touched |= set(state) | set(gain.records) | set(write.records)
+                touched |= set(write.records) | set(write.gone)
+        missing = sorted(
+            str(key)
+            for key, said in state.items()
+            if key not in touched and gain.records.get(key) != said
+        )
+        extra = sorted(str(key) for key in gain.records if key not in state and key not in touched)
+        if missing or extra:
+            node, life = gain.life
+            owner, owner_life = last.life
+            what = ", ".join(
+                ([f"lacks or differs in {' '.join(missing[:4])}"] if missing else [])
+                + ([f"has {' '.join(extra[:4])} it never held"] if extra else [])
+            )
+            violations.append(
+                f"[o2] {gain.at:.4f}: slot {gain.slot} gained by {node} (life {life}, ballot "
+                f"{gain.ballot.number}) without version {last.committed} of {owner}'s ballot "
+                f"{last.ballot.number} (life {owner_life}), committed at "
+                f"{last.committed_at:.4f}: {what}"
+            )
+    return violations

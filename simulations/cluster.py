@@ -45,6 +45,7 @@ from sluicegate.node.wire import MAX_FRAME
 
 from .clocks import SimClock
 from .network import SimNetwork
+from .servers import ServerLog
 
 log = logging.getLogger("sluicegate.simulated_link")
 # The node whose task runs now (tasks inherit it from the node's `run`): for logs that say which
@@ -96,7 +97,9 @@ class SimNode:
         join: tuple[str, ...],
         on_failure: Callable[[str, str], None],
         clock: SimClock | None = None,
+        servers: ServerLog | None = None,
     ) -> None:
+        """`servers`: where to record what this life does with its slots (for the checkers)."""
         self.node_id = node_id
         self.clock = clock or SimClock()
         self.address = f"{node_id}:{PORT}"
@@ -116,6 +119,7 @@ class SimNode:
         self.left = False
         self._on_failure = on_failure
         self._node: Node | None = None
+        self._servers = servers
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until crashed or stopped; `task_status.started()` once it listens and has joined."""
@@ -147,6 +151,8 @@ class SimNode:
             repeat=repeat,
         )
         self._node = node = Node(self.config, self.address, seams)
+        if self._servers is not None and node._cluster is not None:
+            self._servers.tap(self.node_id, self.generation, node._cluster.ownership)
         self.app, self.rate_limits = node.app, node.rate_limits
         async with trio.open_nursery() as nursery:
             network.listen(

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .servers import ServerLog
+
 if TYPE_CHECKING:
     from .workload import RateSend
 
@@ -42,6 +44,8 @@ class History:
         self._clock = clock
         # Every rate-limit request on the wire, in the order sent.
         self.rate: list[RateSend] = []
+        # What the nodes did with their slots (a simulation taps them; a chaos run cannot).
+        self.servers = ServerLog()
 
     def asked(self, who: str, semaphore: str, count: int) -> None:
         self._add(Event(self._clock(), "asked", who, semaphore, count))

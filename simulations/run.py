@@ -201,6 +201,7 @@ class _Cluster:
             join=seeds,
             on_failure=self._failed,
             clock=SimClock(rate=self.rates.get(node_id, 1.0)),
+            servers=self.history.servers,
         )
         self.nodes[node_id] = node
         await nursery.start(node.run)
