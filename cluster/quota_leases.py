@@ -1,5 +1,7 @@
 """Quota leases, pure: slices of one key's budget, handed to clients that decide from them
-locally (a limiter's `lease` mode). `now` comes in; nothing here knows about the network.
+locally (a limiter's `lease` mode). `now` comes in, from the owner's monotonic clock; nothing
+here knows about the network. No instant crosses between nodes: a grant says how long its slice
+lasts (`Grant.term`), not until when.
 
 Theory of operation. The key's owner keeps a *pool*, the key's budget as its algorithm counts
 it, and the *open slices*: tokens it handed to a holder (a client), to spend until the slice's
@@ -15,7 +17,8 @@ so far, and closes the slices it will spend no more.
   room `C - reserved` leaves. So the level plus what the slices truly have left never exceeds
   C, grows at most r a second, and loses one for every admission: over any t seconds, at most
   C + r x t go, across every holder, as on one node.
-* **Fixed window** (limit per aligned window): a slice ends with the window it was granted in.
+* **Fixed window** (limit per window, aligned on the owner's clock): a slice ends with the
+  window it was granted in.
   The window's count takes each grant and gives back what a close left unspent: at most
   `limit` per window.
 * **Sliding window and sliding log** are not sliced: their promises are about when each
@@ -28,7 +31,8 @@ An ask repeated is answered with the slice's term left from then.
 
 **A new owner** (the old one failed) knows nothing of the slices out: it starts the key spent,
 and holds its whole capacity reserved until every slice the old owner could have granted has
-ended (`spent`). What a failover costs is the refill of that time, never a token beyond.
+ended (`spent`). What a failover costs is the refill of that time, never a token beyond. The
+hold counts on the new owner's monotonic clock, so no step of a wall clock can end it early.
 
 **Sizing.** Each holder says how many tokens it wants for a term (from what it spent in the
 last one). The owner shares the budget (what it could give now plus what the open slices may
@@ -45,7 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from .rate_algorithms import Decision
+from .rate_algorithms import RATE_RATIO, Decision
 
 # The algorithms a limiter in lease mode may use, and how long a slice lasts unless configured.
 LEASE_ALGORITHMS = ("token_bucket", "gcra", "fixed_window")
@@ -167,7 +171,8 @@ class BucketPool:
 
 
 class WindowPool:
-    """A fixed window's budget: a count per window aligned to multiples of `window`."""
+    """A fixed window's budget: a count per window aligned to multiples of `window` on the
+    owner's clock."""
 
     __slots__ = ("limit", "window", "start", "count")
 
@@ -418,10 +423,12 @@ class LeaseAlgorithm:
     def idle_at(self, state: KeyLeases) -> float:
         return state.idle_at()
 
-    def values(self, state: KeyLeases) -> tuple[float, ...]:
+    def values(self, state: KeyLeases, now: float) -> tuple[float, ...]:
         raise TypeError("lease-mode keys are not handed over")
 
-    def from_values(self, values: tuple[float, ...]) -> KeyLeases:
+    def from_values(
+        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+    ) -> KeyLeases:
         raise TypeError("lease-mode keys are not handed over")
 
     def merge(self, a: KeyLeases, b: KeyLeases) -> KeyLeases:

@@ -1,11 +1,22 @@
-"""Rate-limiting algorithms, pure: state in, decision out, `now` passed in (seconds).
+"""Rate-limiting algorithms, pure: state in, decision out, `now` passed in (seconds, on the
+deciding node's monotonic clock: no instant here is ever compared with another node's clock).
 
 Each algorithm keeps one small state per key and answers `check(state, n, now)`: go (the state
 records the admission) or sorry, with what remains and how long until `n` could go. `consume`
 records an admission decided elsewhere (gossip mode: another node's "go", possibly late and out
 of order) and returns how much it puts the key beyond the algorithm's rule (the overshoot that
 gossip allowed). `idle_at` says when a state is as good as new (its key can be evicted).
-`values` and `from_values` carry a state to another node (hand-over).
+
+`values(state, now)` and `from_values(values, now)` carry a state to another node (a hand-over).
+Clocks of two nodes agree on nothing but their rates (within `DRIFT` of real time), so a state
+travels without a single timestamp: each instant in it goes as an offset from the moment it is
+sent ("admitted 0.31 s ago", "this window ends in 0.42 s"), and the receiver places it on its
+own clock from the moment it arrived, always *later* in real time than it was, never earlier
+(`received`). Later is the safe side for every algorithm: an admission counts for longer, a
+window lasts longer, a bucket starts refilling later, GCRA's bucket is full later. Nothing
+refills early, whatever the rates of the two clocks and however long the state was on its way
+(the time in flight only makes the offsets of the past too small, which again places them
+later).
 
 `spent(at)` is a state whose whole allowance went at `at`: where a key starts when its owner
 failed, since whatever the owner admitted until then went with it (docs/rate_limits.md). Before
@@ -14,7 +25,9 @@ one key (a hand-over and what a node learnt otherwise) become the stricter one.
 
 * `TokenBucket(capacity, rate)`: over any interval of t seconds, at most capacity + rate x t.
 * `FixedWindow(limit, window)`: at most `limit` per window; windows are aligned to multiples of
-  `window` since the epoch, so every node agrees on them.
+  `window` on the deciding node's clock. A window handed over ends on the receiver's clock at
+  the end of its window that holds the carried end (`received`), so it lasts at least as long
+  as it would have at the sender, and at most a window longer.
 * `SlidingLog(limit, window)`: any limit + 1 consecutive admissions span more than `window`
   (the sliding log's own guarantee); it keeps at most `limit` timestamps.
 * `SlidingWindowCounter(limit, window)`: the previous window's count, weighted by how much of it
@@ -30,8 +43,25 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from .slots import DRIFT
+
 # The shortest wait a sorry asks for: "any moment now" (a microsecond).
 SOON = 1e-6
+# The most one node's clock can run faster than another's: each is within DRIFT of real time.
+RATE_RATIO = (1 + DRIFT) / (1 - DRIFT)
+
+
+def received(offset: float, ratio: float = RATE_RATIO) -> float:
+    """An instant `offset` seconds after a state was sent (before, if negative), as its receiver
+    places it: `offset` seconds after the state arrived, by the receiver's clock, made later.
+
+    Say the sender's clock runs at a (its seconds per real second) and the receiver's at b, with
+    b / a and a / b at most `ratio`. An instant o > 0 ahead of the sending is o / a real seconds
+    after it; placed o x ratio ahead of the arrival, it is o x ratio / b >= o / a after the
+    arrival, which is no earlier than the sending. An instant o < 0 behind the sending is |o| / a
+    before it; placed |o| / ratio behind the arrival, it is |o| / (ratio x b) <= |o| / a before
+    the arrival, so later again. `ratio` 1: the same clock, as it was."""
+    return offset * ratio if offset > 0 else offset / ratio
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +92,15 @@ class TokenBucket:
     def new_state(self, now: float) -> _BucketState:
         return _BucketState(float(self.capacity), now)
 
-    def values(self, state: _BucketState) -> tuple[float, ...]:
-        return (float(state.tokens), float(state.stamp))
+    def values(self, state: _BucketState, now: float) -> tuple[float, ...]:
+        # The level as of sending, and when it starts to refill (now, unless a spent state's
+        # stamp is still ahead).
+        return (float(self._tokens_at(state, now)), float(max(0.0, state.stamp - now)))
 
-    def from_values(self, values: tuple[float, ...]) -> _BucketState:
-        return _BucketState(values[0], values[1])
+    def from_values(
+        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+    ) -> _BucketState:
+        return _BucketState(values[0], now + received(values[1], ratio))
 
     def spent(self, at: float) -> _BucketState:
         return _BucketState(0.0, at)
@@ -112,8 +146,8 @@ class _WindowState:
 
 
 class _Windows:
-    """What both window algorithms share: windows aligned to multiples of `window` since the
-    epoch, and a state of (start, count, previous count)."""
+    """What both window algorithms share: windows aligned to multiples of `window` on the
+    deciding node's clock, and a state of (start, count, previous count)."""
 
     def __init__(self, limit: int, window: float) -> None:
         self.limit = limit
@@ -126,11 +160,22 @@ class _Windows:
     def new_state(self, now: float) -> _WindowState:
         return _WindowState(self._start_of(now))
 
-    def values(self, state: _WindowState) -> tuple[float, ...]:
-        return (float(state.start), float(state.count), float(state.previous))
+    def values(self, state: _WindowState, now: float) -> tuple[float, ...]:
+        # The window goes as when it ends: its start means nothing on another clock.
+        end = state.start + self.window - now
+        return (float(end), float(state.count), float(state.previous))
 
-    def from_values(self, values: tuple[float, ...]) -> _WindowState:
-        state = _WindowState(values[0])
+    def from_values(
+        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+    ) -> _WindowState:
+        end = now + received(values[0], ratio)
+        if ratio == 1.0:
+            state = _WindowState(end - self.window)  # the same clock: the same window
+        else:
+            # The window of this clock's that holds the carried end takes the carried counts:
+            # the window lasts at least until its end at the sender, and no window here is
+            # shorter than `window`.
+            state = _WindowState(self._start_of(end))
         state.count, state.previous = int(values[1]), int(values[2])
         return state
 
@@ -197,12 +242,14 @@ class SlidingLog:
     def new_state(self, now: float) -> _LogState:
         return _LogState()
 
-    def values(self, state: _LogState) -> tuple[float, ...]:
-        return tuple(float(at) for at in state.times)
+    def values(self, state: _LogState, now: float) -> tuple[float, ...]:
+        return tuple(float(at - now) for at in state.times)
 
-    def from_values(self, values: tuple[float, ...]) -> _LogState:
+    def from_values(
+        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+    ) -> _LogState:
         state = _LogState()
-        state.times = sorted(values)[-self.limit :]
+        state.times = sorted(now + received(ago, ratio) for ago in values)[-self.limit :]
         return state
 
     def spent(self, at: float) -> _LogState:
@@ -328,11 +375,13 @@ class Gcra:
     def new_state(self, now: float) -> _GcraState:
         return _GcraState(now)
 
-    def values(self, state: _GcraState) -> tuple[float, ...]:
-        return (float(state.tat),)
+    def values(self, state: _GcraState, now: float) -> tuple[float, ...]:
+        return (float(state.tat - now),)
 
-    def from_values(self, values: tuple[float, ...]) -> _GcraState:
-        return _GcraState(values[0])
+    def from_values(
+        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+    ) -> _GcraState:
+        return _GcraState(now + received(values[0], ratio))
 
     def spent(self, at: float) -> _GcraState:
         return _GcraState(at + self._tolerance)
@@ -369,8 +418,8 @@ class Algorithm(Protocol[S]):
 
     def new_state(self, now: float) -> S: ...
     def spent(self, at: float) -> S: ...
-    def values(self, state: S) -> tuple[float, ...]: ...
-    def from_values(self, values: tuple[float, ...]) -> S: ...
+    def values(self, state: S, now: float) -> tuple[float, ...]: ...
+    def from_values(self, values: tuple[float, ...], now: float, ratio: float = ...) -> S: ...
     def merge(self, a: S, b: S) -> S: ...
     def check(self, state: S, n: int, now: float) -> Decision: ...
     def consume(self, state: S, n: int, at: float) -> float: ...

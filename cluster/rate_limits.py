@@ -1,4 +1,5 @@
-"""Named rate limiters and the keys this node decides for, pure: `now` comes in.
+"""Named rate limiters and the keys this node decides for, pure: `now` comes in, from the
+node's own monotonic clock.
 
 A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a weight
 n. In `exact` mode the node that acts for the key's slot decides alone (`cluster/ownership.py`),
@@ -9,6 +10,12 @@ whether the keys without one start spent), or, when nothing came, they **start s
 that moment: the old owner admitted nothing after its lease ended, which was before, and no
 copy kept elsewhere could say what it admitted until then (docs/cluster.md, "Rate limits in
 exact mode").
+
+No instant crosses between nodes: two nodes' clocks agree only on their rates, within `DRIFT`.
+A hand-over carries each key's state as offsets from its sending (`Algorithm.values`), and the
+time since its slot's keys started spent as an age (`SlotRates.spent_for`); the receiver places
+them on its clock from the moment the hand-over arrived, later rather than earlier
+(`rate_algorithms.received`). Gossiped events carry their age at sending, likewise.
 
 A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
 admitted it remembers the go (`RememberedGoes`), and answers a retry (the client asking again
@@ -42,7 +49,7 @@ from .quota_leases import (
     SliceReport,
     predecessor_hold,
 )
-from .rate_algorithms import ALGORITHMS, AnyAlgorithm, Decision
+from .rate_algorithms import ALGORITHMS, AnyAlgorithm, Decision, received
 from .ring import rate_key
 from .slots import NO_BALLOT, Ballot, slot_of
 
@@ -136,13 +143,14 @@ RateOperation = RateCheck | RateChecks | RateWait | RateLease
 
 @dataclass(frozen=True, slots=True)
 class RateEvent:
-    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter` at `at`."""
+    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter`, `age` seconds
+    before its message was sent (by the clock of the node that admitted it)."""
 
     seq: int
     limiter: str
     key: str
     n: int
-    at: float
+    age: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +172,8 @@ class RememberedGo:
 
 @dataclass(frozen=True, slots=True)
 class RateState:
-    """One key's state, on its way to its new owner (the algorithm's `values`), with the goes
-    remembered for retries."""
+    """One key's state, on its way to its new owner (the algorithm's `values`: its instants as
+    offsets from the sending), with the goes remembered for retries."""
 
     limiter: str
     key: str
@@ -180,11 +188,12 @@ class RateStates:
 
 @dataclass(frozen=True, slots=True)
 class SlotRates:
-    """What an owner knew of one slot's exact keys: their states, and, for a slot it gained
-    spent, since when every key it holds no state of starts spent (None: they start new)."""
+    """What an owner knew of one slot's exact keys when it sent them: their states, and, for a
+    slot it gained spent, how long before the sending every key it holds no state of started
+    spent (None: they start new)."""
 
     states: tuple[RateState, ...] = ()
-    spent_since: float | None = None
+    spent_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +214,8 @@ class LimiterStats:
     repeated: int = 0
     # Admissions beyond the rule found when merging gossip (weight units).
     overshoot: float = 0.0
-    # How old the newest gossiped event was when it arrived (seconds; clocks of two nodes).
+    # How old the newest gossiped event was when its message was sent (seconds, by the clock
+    # of the node that admitted it; the time in flight is not in it: no clock sees both ends).
     gossip_lag: float = 0.0
 
 
@@ -229,7 +239,8 @@ class RateLimits:
         self.origin = origin
         self.incarnation = (rng or random.Random()).getrandbits(63)
         self._seq = 0
-        self._outbox: list[RateEvent] = []
+        # Gossip mode: this node's goes not sent yet, as (seq, limiter, key, n, when).
+        self._outbox: list[tuple[int, str, str, int, float]] = []
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
@@ -339,7 +350,7 @@ class RateLimits:
                 self.goes.remember(which, retry_id, decision, now)
             if self._modes[limiter] == "gossip":
                 self._seq += 1
-                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
+                self._outbox.append((self._seq, limiter, key, n, now))
         if counted:
             stats = self.stats[limiter]
             if decision.go:
@@ -406,16 +417,21 @@ class RateLimits:
                 leases.drop()
                 self._forget(key)
 
-    def lose_slot(self, slot: int, ballot: Ballot, resigned: bool) -> RateHandover | None:
+    def lose_slot(
+        self, slot: int, ballot: Ballot, resigned: bool, now: float
+    ) -> RateHandover | None:
         """This node decides the exact keys of `slot` no more (it acted under `ballot`): what
         it knew of them is dropped here, and handed over if it `resigned` (for every live
-        member: the ring names who should take the slot next, but ballots settle who does)."""
+        member: the ring names who should take the slot next, but ballots settle who does),
+        as of `now`, when it is sent."""
         self._adopted.pop(slot, None)
         if self._lease_horizon:
             self._forget_leased(slot)
             self._leased_since.pop(slot, None)
         keys = [key for key in self.held_keys() if slot_of(rate_key(*key)) == slot]
-        rates = SlotRates(self.export(keys, drop=True).states, self._spent_since.pop(slot, None))
+        since = self._spent_since.pop(slot, None)
+        spent_for = None if since is None else max(0.0, now - since)
+        rates = SlotRates(self.export(keys, now, drop=True).states, spent_for)
         return RateHandover(slot, ballot, rates) if resigned else None
 
     def adopted(self, slot: int) -> Ballot | None:
@@ -424,8 +440,8 @@ class RateLimits:
         return self._adopted.get(slot)
 
     def handed_over(self, handover: RateHandover, now: float) -> None:
-        """A resigning owner's hand-over, kept `HANDOVER_KEPT` in case this node takes the slot
-        next."""
+        """A resigning owner's hand-over, arrived `now`, kept `HANDOVER_KEPT` in case this node
+        takes the slot next (its offsets count from `now`)."""
         known = self._handovers.get(handover.slot)
         if known is None or known[0].ballot < handover.ballot:
             self._handovers[handover.slot] = (handover, now)
@@ -451,21 +467,21 @@ class RateLimits:
         for kept, (_, at) in list(self._handovers.items()):
             if at < now - HANDOVER_KEPT:
                 del self._handovers[kept]  # another member took that slot
-        handover, _ = self._handovers.pop(slot, (None, 0.0))
+        handover, arrived = self._handovers.pop(slot, (None, 0.0))
+        self._spent_since.pop(slot, None)
         if cold or previous == NO_BALLOT:
-            rates = SlotRates()
-        elif handover is not None and handover.ballot == previous:
-            rates = handover.rates
-        else:
-            rates = SlotRates(spent_since=now)
-        if rates.spent_since is None:
-            self._spent_since.pop(slot, None)
-        else:
-            self._spent_since[slot] = rates.spent_since
-        self.store(rates.states)
+            return
+        if handover is None or handover.ballot != previous:
+            self._spent_since[slot] = now
+            return
+        rates = handover.rates
+        if rates.spent_for is not None:
+            # Later, not earlier: the keys stay spent at least as long as at the sender.
+            self._spent_since[slot] = arrived + received(-rates.spent_for)
+        self.store(rates.states, arrived)
 
-    def export(self, keys: list[tuple[str, str]], drop: bool = False) -> RateStates:
-        """The states of `keys`, to send; `drop` forgets them here."""
+    def export(self, keys: list[tuple[str, str]], now: float, drop: bool = False) -> RateStates:
+        """The states of `keys`, to send `now`; `drop` forgets them here."""
         states = []
         for key in keys:
             state = self._states.get(key)
@@ -474,17 +490,18 @@ class RateLimits:
                     self._forget(key)
                 algorithm = self._algorithms[key[0]]
                 goes = self.goes.export(key, drop)
-                states.append(RateState(key[0], key[1], algorithm.values(state), goes))
+                states.append(RateState(key[0], key[1], algorithm.values(state, now), goes))
         return RateStates(tuple(states))
 
-    def store(self, states: tuple[RateState, ...]) -> None:
-        """States handed over by another node, merged into what this node knows of each key."""
+    def store(self, states: tuple[RateState, ...], arrived: float) -> None:
+        """States handed over by another node, arrived at `arrived`, merged into what this node
+        knows of each key."""
         for item in states:
             algorithm = self._algorithms.get(item.limiter)
             if algorithm is None or self._modes[item.limiter] != "exact":
                 continue  # configured differently there: nothing to merge
             key = (item.limiter, item.key)
-            state = algorithm.from_values(item.values)
+            state = algorithm.from_values(item.values, arrived)
             known = self._states.get(key)
             self._keep(key, algorithm.merge(known, state) if known is not None else state)
             self.goes.store(key, item.goes)
@@ -493,15 +510,22 @@ class RateLimits:
         """Slots whose keys start spent, for a while yet."""
         return len(self._spent_since)
 
-    def take_events(self) -> RateEvents | None:
-        """The gossip message of this node's "go" events since the last call, if any."""
+    def take_events(self, now: float) -> RateEvents | None:
+        """The gossip message of this node's "go" events since the last call, if any, to send
+        `now`."""
         if not self._outbox:
             return None
-        events, self._outbox = tuple(self._outbox), []
+        events = tuple(
+            RateEvent(seq, limiter, key, n, max(0.0, now - at))
+            for seq, limiter, key, n, at in self._outbox
+        )
+        self._outbox = []
         return RateEvents(self.origin, self.incarnation, events)
 
     def receive(self, message: RateEvents, now: float) -> None:
-        """Apply another node's "go" events to this node's copies of the keys."""
+        """Apply another node's "go" events, arrived `now`, to this node's copies of the keys.
+        Each counts from its age at sending before `now` (made shorter, as a hand-over's are):
+        later than it went, by the time in flight at least, so it weighs for longer here."""
         seen = self._seen.setdefault((message.origin, message.incarnation), _Seen())
         for event in message.events:
             if not seen.first_time(event.seq):
@@ -509,10 +533,11 @@ class RateLimits:
             algorithm = self._algorithms.get(event.limiter)
             if algorithm is None or self._modes[event.limiter] != "gossip":
                 continue  # configured differently there: nothing to merge
-            state = self._state(event.limiter, algorithm, event.key, event.at)
+            at = now + received(-event.age)
+            state = self._state(event.limiter, algorithm, event.key, at)
             stats = self.stats[event.limiter]
-            stats.overshoot += algorithm.consume(state, event.n, event.at)
-            stats.gossip_lag = max(0.0, now - event.at)
+            stats.overshoot += algorithm.consume(state, event.n, at)
+            stats.gossip_lag = event.age
 
     def evict(self, now: float) -> int:
         """Forget goes remembered long enough, and the keys whose state is as good as new (and

@@ -10,8 +10,8 @@ once nothing is served any more.
 
 What differs between a process and a simulation is only what `Seams` carries: how links are
 dialled, the random source, the life's generation, the clock of eras and fencing epochs, the
-node's own clock, the wall clock of rate-limit windows, and whether a link repeats a message
-(the simulations' duplicating network).
+node's own clock (every timer, and every rate-limit decision), and whether a link repeats a
+message (the simulations' duplicating network).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class Seams:
     # The clock of the cluster's eras and of fencing epochs.
     epoch: Callable[[], int] = epoch_now
     clock: Clock = TRIO_CLOCK
-    # The wall clock rate-limit windows are aligned to.
+    # Read by nothing: rate limits decide on `clock`, never on the time of day. Kept while
+    # simulations/cluster.py still passes it.
     wall: Callable[[], float] = time.time
     # Whether a link sends a message a second time (never, but in a duplicating simulation).
     repeat: Callable[[object], bool] | None = None
@@ -115,7 +116,6 @@ class Node:
         self.rate_limits = RateLimitService(
             RateLimits(config.rate_limits, self.node_id if reach else "", rng, limits),
             gossip_interval=cluster.rate_gossip_interval,
-            clock=seams.wall,
             node_clock=seams.clock,
             members=reach,
         )

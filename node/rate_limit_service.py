@@ -14,17 +14,17 @@
 * Retries: a check or wait that carries a retry id gets, on a retry, the go its first try got
   (remembered where it was decided, and handed over with the key), not a second one.
 
-Decisions are made synchronously in the asking task (as the semaphores' are), with the wall
-clock: gossiped events carry the time they were admitted at, which other nodes compare with
-theirs. Keys idle long enough to be as good as new are forgotten every `EVICT_INTERVAL`.
+Decisions are made synchronously in the asking task (as the semaphores' are), on the node's own
+monotonic clock (`node/clock.py`), never the time of day: what crosses to other nodes (hand-overs,
+gossiped events) carries ages and remaining durations, which the receiver counts on its own
+clock (`cluster/rate_limits.py`). Keys idle long enough to be as good as new are forgotten every
+`EVICT_INTERVAL`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, overload
 
@@ -93,15 +93,13 @@ class RateLimitService:
         core: RateLimits,
         *,
         gossip_interval: float = 0.05,
-        clock: Callable[[], float] = time.time,
         node_clock: Clock = TRIO_CLOCK,
         members: MemberReach | None = None,
     ) -> None:
-        """`clock`: the wall clock rate-limit windows are aligned to; `node_clock`: the node's
-        own, for leases, waits and retries; `members`: in a cluster, the other members (exact-
-        mode keys are decided by the node that acts for their slot, and gossip is shared)."""
+        """`node_clock`: the node's own, for every decision, lease, wait and retry; `members`:
+        in a cluster, the other members (exact-mode keys are decided by the node that acts for
+        their slot, and gossip is shared)."""
         self.core = core
-        self._clock = clock
         self._node_clock = node_clock
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
@@ -131,7 +129,7 @@ class RateLimitService:
 
     def ask_here(self, op: RateLease) -> Grant:
         """A holder's ask for a slice of a lease-mode key, answered here, now."""
-        return self.core.ask(op, self._clock())
+        return self.core.ask(op, self._node_clock.now())
 
     def _check(self, limiter: str, key: str, n: int, retry_id: int | None) -> Decision:
         if self._queues and self._queues.get((limiter, key)):
@@ -140,7 +138,7 @@ class RateLimitService:
                 return repeated
             retry_after = max(SOON, self._queues[limiter, key][0].retry_at - self._node_clock.now())
             return self.core.refuse_behind_waiters(limiter, n, retry_after)
-        return self.core.check(limiter, key, n, self._clock(), retry_id=retry_id)
+        return self.core.check(limiter, key, n, self._node_clock.now(), retry_id=retry_id)
 
     @overload
     async def call(self, op: RateCheck | RateWait) -> Decision: ...
@@ -187,7 +185,7 @@ class RateLimitService:
 
     def receive(self, message: RateEvents) -> None:
         """Another node's "go" events (gossip mode)."""
-        self.core.receive(message, self._clock())
+        self.core.receive(message, self._node_clock.now())
 
     # -- slots changing hands ----------------------------------------------------------------
 
@@ -195,7 +193,9 @@ class RateLimitService:
         """The shard gained or lost slots: keys go with them (`RateLimits.gain_slot`)."""
         for change in changes:
             if isinstance(change, SlotLost):
-                handover = self.core.lose_slot(change.slot, change.ballot, change.resigned)
+                handover = self.core.lose_slot(
+                    change.slot, change.ballot, change.resigned, self._node_clock.now()
+                )
                 members = self._members
                 if handover is not None and members is not None:
                     for member in members.membership.live_members():
@@ -204,12 +204,12 @@ class RateLimitService:
                             self._handed_to.add(member)
             elif isinstance(change, SlotGained):
                 self.core.gain_slot(
-                    change.slot, self._clock(), change.ballot, change.previous, change.cold
+                    change.slot, self._node_clock.now(), change.ballot, change.previous, change.cold
                 )
 
     def handed_over(self, message: RateHandover) -> None:
         """A resigning owner's states of a slot this node may take next."""
-        self.core.handed_over(message, self._clock())
+        self.core.handed_over(message, self._node_clock.now())
 
     async def leave(self, timeout: float) -> None:
         """Stopping: wait, at most `timeout`, until the keys handed over have arrived (the
@@ -229,7 +229,7 @@ class RateLimitService:
             await clock.sleep(self._gossip_interval)
             self._share_events()
             if clock.now() >= next_eviction:
-                self.core.evict(self._clock())
+                self.core.evict(self._node_clock.now())
                 next_eviction = clock.now() + EVICT_INTERVAL
 
     # -- internals ---------------------------------------------------------------------------
@@ -306,15 +306,15 @@ class RateLimitService:
     def _try(self, op: RateWait) -> Decision:
         """One try of a waiting caller (its outcome is tallied once, at the end)."""
         return self.core.check(
-            op.limiter, op.key, op.n, self._clock(), counted=False, retry_id=op.retry_id
+            op.limiter, op.key, op.n, self._node_clock.now(), counted=False, retry_id=op.retry_id
         )
 
     def _share_events(self) -> None:
         members = self._members
         if members is None:
-            self.core.take_events()  # a single node has nobody to tell
+            self.core.take_events(self._node_clock.now())  # a single node has nobody to tell
             return
-        message = self.core.take_events()
+        message = self.core.take_events(self._node_clock.now())
         if message is None:
             return
         for node_id in members.membership.live_members():

@@ -243,7 +243,7 @@ def test_a_gained_slot_starts_its_leased_keys_spent_unless_a_new_era_starts_them
     later = 5.0 + predecessor_hold(1.0) + 0.2  # one token refilled after the hold
     assert limits.check("fetch", key, 1, later).go
     assert not limits.check("fetch", key, 1, later).go
-    limits.lose_slot(slot, Ballot(8, 1, "n1"), resigned=True)
+    limits.lose_slot(slot, Ballot(8, 1, "n1"), resigned=True, now=later)
     assert limits.keys() == 0
 
 
@@ -286,5 +286,5 @@ def test_only_the_lease_mode_keys_of_a_gained_slot_start_spent_and_losing_it_dro
     fresh.gain_slot(slot, 1.0, Ballot(8, 1, "n1"), previous=NO_BALLOT, cold=True)
     fresh.ask(RateLease("fetch", "k", holder=1, reports=(), want=3, ask_id=1), 1.0)
     assert fresh.lease_stats()["fetch"].open == 1
-    fresh.lose_slot(slot, Ballot(8, 1, "n1"), resigned=False)
+    fresh.lose_slot(slot, Ballot(8, 1, "n1"), resigned=False, now=1.0)
     assert fresh.keys() == 0 and fresh.lease_stats()["fetch"].open == 0

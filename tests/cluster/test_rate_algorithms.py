@@ -237,9 +237,9 @@ def test_a_state_carried_to_another_node_decides_the_same(make, limit, rate, win
     for gap, n in sequence:
         now += gap * TICK
         algorithm.check(state, min(n, algorithm.max_weight), now)
-    values = algorithm.values(state)
+    values = algorithm.values(state, now)
     assert all(isinstance(value, float) for value in values)
-    carried = algorithm.from_values(values)
+    carried = algorithm.from_values(values, now, ratio=1.0)  # the same clock: the same state
     for step in range(1, 20):
         later = now + step * 0.1
         assert algorithm.check(carried, 1, later) == algorithm.check(state, 1, later)
@@ -289,7 +289,7 @@ def test_merging_an_older_account_of_a_key_into_a_newer_one_changes_nothing(
     older, _ = _state_after(algorithm, sequence[:known])
     newer, now = _state_after(algorithm, sequence)
     for merged in (algorithm.merge(older, newer), algorithm.merge(newer, older)):
-        assert algorithm.values(merged) == algorithm.values(newer) or all(
+        assert algorithm.values(merged, now) == algorithm.values(newer, now) or all(
             algorithm.check(_copy(algorithm, merged), 1, now + step * 0.1)
             == algorithm.check(_copy(algorithm, newer), 1, now + step * 0.1)
             for step in range(20)

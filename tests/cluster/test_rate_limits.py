@@ -49,12 +49,13 @@ def test_keys_are_limited_apart_and_errors_name_what_is_wrong():
 def test_only_gossip_mode_makes_events_and_a_peer_counts_them():
     n1, n2 = node("n1", 1), node("n2", 2)
     n1.check("api", "k", 1, 0.0)
-    assert n1.take_events() is None  # exact mode: the owner alone decides
+    assert n1.take_events(0.0) is None  # exact mode: the owner alone decides
     for _ in range(3):
         assert n1.check("crawl", "k", 1, 0.1).go
-    message = n1.take_events()
+    message = n1.take_events(0.15)
     assert isinstance(message, RateEvents) and len(message.events) == 3
-    assert n1.take_events() is None
+    assert [event.age for event in message.events] == [pytest.approx(0.05)] * 3
+    assert n1.take_events(0.15) is None
     n2.receive(message, 0.2)
     assert n2.check("crawl", "k", 2, 0.3).go
     assert not n2.check("crawl", "k", 1, 0.3).go  # 3 there + 2 here fill the window of 5
@@ -66,7 +67,7 @@ def test_duplicates_and_reordering_never_count_twice(order, repeats):
     messages = []
     for origin in [n1] * 5 + [n3]:
         assert origin.check("crawl", "k", 1, 0.5).go
-        messages.append(origin.take_events())
+        messages.append(origin.take_events(0.5))
     for index in list(order) + repeats:  # every message once, in any order, some again
         n2.receive(messages[index], 0.6)
     assert n2.stats["crawl"].overshoot == 1  # 6 admitted in a window of 5: exactly 1 over
@@ -78,8 +79,8 @@ def test_merging_finds_the_overshoot_that_deciding_apart_let_through():
     for limits in (n1, n2):
         for _ in range(5):
             assert limits.check("crawl", "k", 1, 0.5).go  # neither has heard of the other
-    n2.receive(n1.take_events(), 0.6)
-    n1.receive(n2.take_events(), 0.6)
+    n2.receive(n1.take_events(0.6), 0.6)
+    n1.receive(n2.take_events(0.6), 0.6)
     assert n1.stats["crawl"].overshoot == n2.stats["crawl"].overshoot == 5
     assert n2.stats["crawl"].gossip_lag == pytest.approx(0.1)
 
@@ -87,10 +88,10 @@ def test_merging_finds_the_overshoot_that_deciding_apart_let_through():
 def test_a_restarted_origin_is_heard_again():
     n1, n2 = node("n1", 1), node("n2", 2)
     n1.check("crawl", "k", 1, 0.1)
-    n2.receive(n1.take_events(), 0.1)
+    n2.receive(n1.take_events(0.1), 0.1)
     reborn = node("n1", 3)  # a new incarnation numbers its events from 1 again
     reborn.check("crawl", "k", 1, 0.2)
-    n2.receive(reborn.take_events(), 0.2)
+    n2.receive(reborn.take_events(0.2), 0.2)
     assert n2.check("crawl", "k", 3, 0.3).go
     assert not n2.check("crawl", "k", 1, 0.3).go
 
@@ -109,7 +110,7 @@ def test_a_key_moves_with_its_state_when_the_members_change():
     owner, successor = node("n1", 1), node("n2", 2)
     for _ in range(3):
         assert owner.check("api", "k", 1, 0.0).go
-    successor.store(owner.export(owner.held_keys(), drop=True).states)
+    successor.store(owner.export(owner.held_keys(), 0.0, drop=True).states, 0.0)
     assert owner.keys() == 0
     assert successor.check("api", "k", 1, 0.0).go
     assert not successor.check("api", "k", 1, 0.0).go  # 3 there, 1 here: the bucket of 4
@@ -129,7 +130,7 @@ def test_a_go_is_remembered_by_its_retry_id_and_moves_with_its_key():
     assert (owner.stats["api"].go, owner.stats["api"].repeated) == (1, 2)
     assert len(owner.goes) == 1
 
-    successor.store(owner.export(owner.held_keys(), drop=True).states)
+    successor.store(owner.export(owner.held_keys(), 0.5, drop=True).states, 0.5)
     assert len(owner.goes) == 0
     assert successor.check("api", "k", 3, 1.0, retry_id=7) == first
 
@@ -194,9 +195,9 @@ def test_a_resigning_owner_hands_its_keys_over_with_what_they_remember():
     owner, successor = node("n1", 1), node("n2", 2)
     first = owner.check("api", key, 3, 0.0, retry_id=7)
     owner.check("api", other, 4, 0.0)
-    handover = owner.lose_slot(slot, OLD, resigned=True)
+    handover = owner.lose_slot(slot, OLD, resigned=True, now=0.1)
     assert [state.key for state in handover.rates.states] == [key]  # only that slot's keys go
-    assert handover.rates.spent_since is None
+    assert handover.rates.spent_for is None
     assert owner.keys() == 1
     successor.handed_over(handover, 0.2)
     successor.gain_slot(slot, 0.5, TERM, previous=OLD)
@@ -211,7 +212,7 @@ def test_a_hand_over_counts_only_for_a_slot_gained_from_its_ballot_and_while_it_
     slot = slot_of(rate_key("api", key))
     owner = node("n1", 1)
     owner.check("api", key, 1, 0.0)
-    handover = owner.lose_slot(slot, OLD, resigned=True)
+    handover = owner.lose_slot(slot, OLD, resigned=True, now=0.0)
     # Another member took the slot from OLD, and this one took it from that member (who
     # failed): what OLD said no longer stands.
     successor = node("n3", 3)
@@ -224,7 +225,7 @@ def test_a_hand_over_counts_only_for_a_slot_gained_from_its_ballot_and_while_it_
     late.gain_slot(slot, HANDOVER_KEPT + 1.0, TERM, previous=OLD)
     assert late.spent_slots() == 1
     # A lost slot (its lease ran out) hands nothing over.
-    assert node("n1", 1).lose_slot(slot, NEWER, resigned=False) is None
+    assert node("n1", 1).lose_slot(slot, NEWER, resigned=False, now=0.0) is None
 
 
 def test_a_slot_gained_spent_is_handed_over_spent():
@@ -235,13 +236,15 @@ def test_a_slot_gained_spent_is_handed_over_spent():
     slot = slot_of(rate_key("api", theirs))
     taker, woken = node("n2", 2), node("n1", 1)
     taker.gain_slot(slot, 10.0, NEW, previous=OLD)
-    handover = taker.lose_slot(slot, NEW, resigned=True)
-    assert handover.rates == SlotRates((), spent_since=10.0)
+    handover = taker.lose_slot(slot, NEW, resigned=True, now=10.4)
+    assert handover.rates == SlotRates((), spent_for=pytest.approx(0.4))
     assert taker.spent_slots() == 0
-    woken.handed_over(handover, 10.4)
-    woken.gain_slot(slot, 10.5, NEWER, previous=NEW)
-    assert not woken.check("api", theirs, 1, 10.5).go
-    assert woken.check("api", theirs, 1, 11.0).go  # one token back a second after 10.0
+    # The woken node's clock reads 5010.4 as it arrives: spent since 5010.0, or a little later.
+    woken.handed_over(handover, 5010.4)
+    woken.gain_slot(slot, 5010.5, NEWER, previous=NEW)
+    assert not woken.check("api", theirs, 1, 5010.5).go
+    assert not woken.check("api", theirs, 1, 5011.0).go  # a token back a second on, no sooner
+    assert woken.check("api", theirs, 1, 5011.1).go
     assert woken.spent_slots() == 1
 
 
@@ -260,5 +263,5 @@ def test_a_node_decides_a_slots_keys_under_the_ballot_it_adopted_them_under_unti
     assert limits.adopted(slot) is None
     limits.gain_slot(slot, 1.0, NEW, previous=OLD)
     assert limits.adopted(slot) == NEW
-    limits.lose_slot(slot, NEW, resigned=False)
+    limits.lose_slot(slot, NEW, resigned=False, now=1.0)
     assert limits.adopted(slot) is None

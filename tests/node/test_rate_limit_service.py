@@ -21,7 +21,7 @@ from sluicegate.node.rate_limit_service import RateLimitService
 @pytest.fixture
 def service():
     configs = {"slow": RateLimiterConfig("token_bucket", 1, rate=1.0)}  # one per second
-    return RateLimitService(RateLimits(configs), clock=trio.current_time)
+    return RateLimitService(RateLimits(configs))
 
 
 async def test_waiters_are_admitted_first_come_first_served(autojump_clock, service, nursery):

@@ -155,7 +155,7 @@ def test_rpc_messages_round_trip_through_the_link_codec():
         RateHandover(
             12,
             Ballot(1_700_000_000_000, 3, "n1"),
-            SlotRates((RateState("api", "u1", (3.5, 12.25)),), spent_since=10.5),
+            SlotRates((RateState("api", "u1", (3.5, 0.25)),), spent_for=10.5),
         ),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
