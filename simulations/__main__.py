@@ -7,6 +7,8 @@ python -m simulations run --seed 7 --trace --logs  ... with the nodes' logs and 
 python -m simulations run --seeds 200 --with skew,freeze --availability
                                                    the extra fault kinds too, and how long
                                                    semaphores went unserved after each fault
+python -m simulations run --seeds 40 --nodes 5 --with overlap
+                                                   faults in overlapping bursts on a minority
 python -m simulations deep                         3,000 seeds of three nodes and 1,000 of
                                                    five from a random first seed (printed)
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
@@ -77,8 +79,8 @@ def main() -> int:
             "Sweep --three seeds with three nodes and --five with five, from --first (without "
             "it, a random first seed, printed before anything runs so that the sweep can be "
             "run again), with the availability probe and every fault kind, the extra ones "
-            "(skew, freeze) included. Prints each sweep's progress line and summary, and how "
-            "to replay every seed that failed; exit status 1 if any did."
+            "(skew, freeze, overlap) included. Prints each sweep's progress line and summary, "
+            "and how to replay every seed that failed; exit status 1 if any did."
         ),
     )
     deep.add_argument("--three", type=int, default=3000, help="seeds with three nodes")

@@ -21,9 +21,9 @@ whole again (every node serving, every node agreeing on the members) before the 
 * `duplicate`: requests are delivered twice: clients' request frames, and, on node links, the
   messages between homes and owners and rate-limit gossip.
 
-Two more kinds come only on request (`run --with skew,freeze`; `EXTRA_FAULTS`), each enabled
-per seed as the others are, drawn from a random source of their own so that the seed's other
-choices stay the same:
+Three more kinds come only on request (`run --with skew,freeze,overlap`; `EXTRA_FAULTS`), each
+enabled per seed as the others are, drawn from a random source of their own so that the seed's
+other choices stay the same:
 
 * `skew`: one node's clock (simulations/clocks.py) runs 1% fast or 1% slow, in every life of
   the node, for the whole run (set up before the nodes boot; not one of the faults in turn).
@@ -32,6 +32,14 @@ choices stay the same:
   is held both ways, its tasks that write or read wait, and its clock fires no timer until the
   thaw, when the overdue ones fire at once. Half the freezes are short (0.2 to 1 s), half
   longer than a peer's expiry, as pauses are.
+* `overlap`: faults come in bursts on different members at once, never more than a minority
+  faulty (one of three, up to two of five): for each faulty member, maybe a crash (restarted
+  within 0.5 s, or later), and maybe, overlapping it, a cut from the others (both ways or one),
+  slow links (0.5 to 0.7 s each way), or clogged ones, each starting at its own moment, so that
+  a member restarts into a cut, crashes while another is cut or clogged, or two crash together.
+  A third of the bursts repeat messages too (`duplicate`'s). After the burst, everything heals
+  at once. Half the seeds with `overlap` also run two of their nodes' clocks at the full drift
+  the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in every life.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import trio
+
+from sluicegate.cluster.slots import DRIFT
 
 from .availability import PLACE as PROBE
 from .history import History
@@ -58,9 +68,11 @@ FAULTS = (
 )
 # Kinds a run adds only on request (`run --with`): every seed's history would change if they
 # were drawn by default.
-EXTRA_FAULTS = ("skew", "freeze")
+EXTRA_FAULTS = ("skew", "freeze", "overlap")
 # How fast or slow a skewed node's clock runs.
 SKEW = 0.01
+# The clock rates of `overlap`'s two drifting nodes: as fast and as slow as the protocol allows.
+DRIFTS = (1 + DRIFT, 1 - DRIFT)
 # A freeze waits this long for the victim's next write to start in; then it starts anyway.
 FREEZE_ARMED_FOR = 0.5
 # A cluster not whole again this long after a fault healed is a failure of its own.
@@ -71,10 +83,17 @@ def extra_faults(seed: int, wanted: tuple[str, ...], nodes: list[str]) -> tuple[
     """Which of the `wanted` extra kinds `seed` enables (each with probability 1/2), and the
     clock rate of each node (the skewed one's differs), from a random source of their own."""
     rng = random.Random(f"extra faults {seed}")
-    enabled = [kind for kind in EXTRA_FAULTS if kind in wanted and rng.random() < 0.5]
+    enabled = [kind for kind in ("skew", "freeze") if kind in wanted and rng.random() < 0.5]
     rates = {}
     if "skew" in enabled:
         rates[rng.choice(nodes)] = rng.choice((1 + SKEW, 1 - SKEW))
+    # Drawn apart, so that the kinds before it choose as they did before it came.
+    overlapping = random.Random(f"overlapping faults {seed}")
+    if "overlap" in wanted and overlapping.random() < 0.5:
+        enabled.append("overlap")
+        if overlapping.random() < 0.5:
+            fast, slow = overlapping.sample([node for node in nodes if node not in rates], 2)
+            rates[fast], rates[slow] = DRIFTS
     return enabled, rates
 
 
@@ -123,6 +142,8 @@ class Injector:
             lasting = rng.uniform(0.5, 6.0)
             if kind == "pause":
                 lasting = rng.uniform(self.expires_in + 0.5, 1.6 * self.expires_in)
+            elif kind == "overlap":
+                lasting = rng.uniform(1.0, 6.0)
             elif kind == "freeze":
                 if rng.random() < 0.5:
                     lasting = rng.uniform(0.2, 1.0)
@@ -267,3 +288,90 @@ class Injector:
         self.network.duplicating = True
         await self._wait(lasting)
         self.network.duplicating = False
+
+    # -- overlap -------------------------------------------------------------------------------
+
+    async def _overlap(self, victim: str, lasting: float) -> None:
+        """A burst of faults on a minority of members, overlapping, for about `lasting`; then
+        everything heals at once."""
+        rng = self.rng
+        ids = self.cluster.ids
+        faulty = [victim]
+        if (len(ids) - 1) // 2 > 1 and rng.random() < 0.7:
+            faulty.append(rng.choice(self._others(victim)))
+        self.history.note("overlapping faults on " + ", ".join(faulty))
+        duplicating = rng.random() < 1 / 3
+        if duplicating:
+            self.network.duplicating = True
+            self.history.note("messages repeated")
+            self.fired["overlap:duplicate"] += 1
+        plans = []
+        for member in faulty:
+            crash = rng.random() < 0.6
+            # A member that does not crash has its links cut, slowed or clogged.
+            links = rng.choice(("cut", "one_way", "slow", "clog", None if crash else "cut"))
+            if crash:
+                plans.append((self._crash_in_burst, member))
+            if links is not None:
+                plans.append((self._links_in_burst, member, links))
+        async with trio.open_nursery() as nursery:
+            for plan, *args in plans:
+                nursery.start_soon(plan, *args, lasting, random.Random(rng.getrandbits(64)))
+        self.network.heal()
+        for member in faulty:
+            for place in ids:
+                if place != member:
+                    self.network.delay(member, place, 0)
+                    self.network.release(member, place)
+        if duplicating:
+            self.network.duplicating = False
+        for member in faulty:
+            if self.cluster.nodes[member].crashed:
+                await self.restart(member)
+        self.history.note("burst healed")
+
+    async def _crash_in_burst(self, member: str, lasting: float, rng: random.Random) -> None:
+        """Crash `member` at some moment of the burst; start it again within 0.5 s (half the
+        time) or later in the burst, whatever its links are by then."""
+        await trio.sleep(rng.uniform(0, lasting / 2))
+        self.cluster.nodes[member].crash()
+        self.history.down(member)
+        self.history.note(f"{member} crashed")
+        self.fired["overlap:crash"] += 1
+        quick = rng.random() < 0.5
+        await trio.sleep(rng.uniform(0.05, 0.5) if quick else rng.uniform(0.5, lasting))
+        self.fired["overlap:restart-quick" if quick else "overlap:restart"] += 1
+        self.history.note(f"{member} restarts")
+        await self.restart(member)
+
+    async def _links_in_burst(
+        self, member: str, how: str, lasting: float, rng: random.Random
+    ) -> None:
+        """Cut `member` from some of the other nodes (both ways; `one_way`: its packets are
+        lost, theirs arrive), slow those links (`slow`: 0.5 to 0.7 s each way) or clog them,
+        from some moment of the burst until its end, or a little before."""
+        others = self._others(member)
+        links = sorted(rng.sample(others, rng.randint(1, len(others))))
+        await trio.sleep(rng.uniform(0, lasting / 2))
+        self.fired[f"overlap:{how}"] += 1
+        self.history.note(f"{how} {member} from {', '.join(links)}")
+        for other in links:
+            if how == "cut":
+                self.network.cut(member, other)
+            elif how == "one_way":
+                self.network.cut(member, other, both_ways=False)
+            elif how == "slow":
+                self.network.delay(member, other, rng.uniform(0.5, 0.7))
+            else:
+                self.network.hold(member, other)
+        await trio.sleep(rng.uniform(lasting / 2, lasting))
+        if rng.random() < 0.5:
+            return  # it heals with the rest, at the end of the burst
+        self.history.note(f"{how} of {member} healed")
+        for other in links:
+            if how in ("cut", "one_way"):
+                self.network.uncut(member, other)
+            elif how == "slow":
+                self.network.delay(member, other, 0)
+            else:
+                self.network.release(member, other)

@@ -149,6 +149,10 @@ class SimNetwork:
     def heal(self) -> None:
         self._cut.clear()
 
+    def uncut(self, a: str, b: str) -> None:
+        """Packets between `a` and `b` flow again both ways (other cuts stay)."""
+        self._cut -= {(a, b), (b, a)}
+
     def is_cut(self, a: str, b: str) -> bool:
         return (a, b) in self._cut or (b, a) in self._cut
 

@@ -35,7 +35,7 @@ from .availability import Probe
 from .checkers import check_history
 from .clocks import SimClock
 from .cluster import NODE, SimNode, describe, link_messages
-from .faults import FAULTS, RECOVERY_LIMIT, Injector, extra_faults
+from .faults import DRIFTS, FAULTS, RECOVERY_LIMIT, Injector, extra_faults
 from .history import History
 from .network import SimNetwork
 from .workload import EXPIRES_IN, FencedResource
@@ -249,7 +249,9 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
     extra_kinds, rates = extra_faults(seed, extra, ids)
     cluster = _Cluster(network, rng, CONFIG, history, nodes, rates)
     for node_id, rate in rates.items():
-        history.note(f"clock of {node_id} runs at {rate:g} (skew)")
+        history.note(
+            f"clock of {node_id} runs at {rate:g} ({'drift' if rate in DRIFTS else 'skew'})"
+        )
     resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(network.run)
@@ -331,7 +333,7 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
         seed=seed,
         trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
         operations=history.operations,
-        faults=injector.fired + Counter({"skew": len(rates)}),
+        faults=injector.fired + Counter({"skew": int("skew" in extra_kinds)}),
         violations=violations,
         trace=trace,
         figures=figures,
