@@ -142,9 +142,9 @@ def tokens_rise(history: History) -> list[str]:
 
     * of A, in the order the grants were seen (for a semaphore of max 1, holds do not overlap,
       so that is the order they were made in);
-    * of every semaphore, a lock asked for after another was granted gets a larger token than
-      that one (the grant was made before the ask, so the counter had passed it), and no two
-      holds share a token.
+    * of every other semaphore, a lock asked for after another was granted gets a larger token
+      than that one (the grant was made before the ask, so the counter had passed it);
+    * of every semaphore, no two holds share a token.
 
     A peer asking again for a lock whose release its owner has not heard of yet gets a new lock
     and a new token too (`SemaphoreLeases.request`)."""
@@ -180,7 +180,7 @@ def _tokens_after_grants(events: list[Event]) -> list[str]:
             continue
         name, since = event.semaphore, asked.pop(key)
         before = bisect.bisect_left(seen[name], since)
-        if before:
+        if before and name != "A":  # (A's: in the order granted, above)
             token, who, at = largest[name][before - 1]
             if event.token <= token:
                 violations.append(
@@ -607,8 +607,9 @@ def committed_writes_survive(servers: ServerLog) -> list[str]:
 
     For each gain under ballot G (in the same era; a cold start begins empty), the latest
     committed version (b, v) of any ballot b < G must be there: each record it held, as it was,
-    and none it did not hold, but for the keys a later write (b', v') > (b, v), b' < G, set or
-    dropped (written, maybe not committed, and adopted: allowed)."""
+    and none it did not hold, but for the keys that the gained state holds as a later write
+    (b', v') > (b, v), b' < G, set or dropped them (written, maybe not committed, and adopted:
+    allowed)."""
     violations = []
     by_slot: dict[int, list] = defaultdict(list)
     for writer in servers.writers.values():
@@ -628,20 +629,30 @@ def committed_writes_survive(servers: ServerLog) -> list[str]:
         state = last.state(last.committed)
         if state is None:
             continue
-        touched: set = set()
+        # What later writes (b', v') > (b, v), b' < G, said of each key: the gained state
+        # may hold any of it instead (None: dropped).
+        later: dict[object, set] = defaultdict(set)
         for writer in earlier:
             for write in writer.writes.values():
                 if (writer.ballot, write.version) <= (last.ballot, last.committed):
                     continue
                 if write.whole:
-                    touched |= set(state) | set(gain.records) | set(write.records)
-                touched |= set(write.records) | set(write.gone)
+                    for key in set(state) | set(gain.records):
+                        later[key].add(write.records.get(key))
+                for key, said in write.records.items():
+                    later[key].add(said)
+                for key in write.gone:
+                    later[key].add(None)
         missing = sorted(
             str(key)
             for key, said in state.items()
-            if key not in touched and gain.records.get(key) != said
+            if gain.records.get(key) not in (said, *later[key])
         )
-        extra = sorted(str(key) for key in gain.records if key not in state and key not in touched)
+        extra = sorted(
+            str(key)
+            for key, said in gain.records.items()
+            if key not in state and said not in later[key]
+        )
         if missing or extra:
             node, life = gain.life
             owner, owner_life = last.life
