@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from sluicegate.cluster.ownership import Gained, Lost, Ownership
 from sluicegate.cluster.peers import PeerRecord
-from sluicegate.cluster.slots import SLOTS
+from sluicegate.cluster.ring import Ring
+from sluicegate.cluster.slots import SLOTS, slot_owners
 
 LEASE = 1.0
 DOWN_AFTER = 1.0
@@ -88,6 +89,8 @@ class Model:
         self.lives: dict[str, Life | None] = {}
         self._life_numbers = itertools.count(1)
         self.cut: set[tuple[str, str]] = set()
+        # (sender, receiver) -> how long its messages take, when slower than usual
+        self.slow: dict[tuple[str, str], float] = {}
         self.loss = 0.0
         self.duplicate = 0.0
         # (sender life, receiver node) -> real time its last message is due (order per pair)
@@ -153,8 +156,13 @@ class Model:
         if both_ways:
             self.cut.add((b, a))
 
+    def slow_down(self, a: str, b: str, seconds: float) -> None:
+        """Messages between `a` and `b` take `seconds` each way, in order."""
+        self.slow[a, b] = self.slow[b, a] = seconds
+
     def heal(self) -> None:
         self.cut.clear()
+        self.slow.clear()
 
     def isolate(self, node: str) -> None:
         """Cut `node` off from every other node, both ways."""
@@ -199,8 +207,9 @@ class Model:
                 self._transmit(life, other, ("hello",))
         self._schedule(self.t + HELLO_EVERY, "hello", node, number)
 
-    def _on_deliver(self, sender: str, receiver: str, message) -> None:
-        life = self.lives.get(receiver)
+    def _on_deliver(self, sender: str, receiver: tuple[str, int], message) -> None:
+        # As node links: a message meant for one life never reaches a later one.
+        life = self._running(*receiver)
         if life is None:
             return
         if self._deferred(life, "deliver", sender, receiver, message):
@@ -291,14 +300,25 @@ class Model:
             self._transmit(life, member, message)
 
     def _transmit(self, life: Life, member: str, message) -> None:
-        if (life.node, member) in self.cut or self.rng.random() < self.loss:
+        receiver = self.lives.get(member)
+        if receiver is None or (life.node, member) in self.cut or self.rng.random() < self.loss:
             return
         copies = 2 if self.rng.random() < self.duplicate else 1
         pair = ((life.node, life.number), member)
+        slow = self.slow.get((life.node, member), 0.0)
         for _ in range(copies):
-            due = max(self.t + self.rng.uniform(0.0005, 0.02), self._due.get(pair, 0.0))
+            late = self.t + slow + self.rng.uniform(0.0005, 0.02)
+            due = max(late, self._due.get(pair, 0.0))
             self._due[pair] = due
-            self._schedule(due, "deliver", life.node, member, message)
+            self._schedule(due, "deliver", life.node, (member, receiver.number), message)
+
+    def run_until_ready(self, limit: float = 20.0) -> None:
+        """Run until every running life is ready (at most `limit` seconds)."""
+        end = self.t + limit
+        while self.t < end and not all(
+            life is None or life.core.ready for life in self.lives.values()
+        ):
+            self.run_until(self.t + 0.05)
 
     # -- after the faults -------------------------------------------------------------------
 
@@ -312,11 +332,13 @@ class Model:
 
 
 def random_run(seed: int, nodes: int = 3, faults: int = 12) -> Model:
-    """A run of `seed`: boot, random faults one after another, heal, settle."""
+    """A run of `seed`: boot, random faults one after another (each once the last one's
+    restarted life is ready: until then its memory is still lost), heal, settle."""
     model = Model(seed, nodes)
     rng = random.Random(seed ^ 0x5EED)
     model.run_until(5.0)
     for _ in range(faults):
+        model.run_until_ready()
         kind = rng.choice(["crash", "pause", "partition", "one_way", "lossy", "long_pause"])
         victim = rng.choice(model.ids)
         lasting = rng.uniform(0.2, 4.0)
@@ -341,3 +363,91 @@ def random_run(seed: int, nodes: int = 3, faults: int = 12) -> Model:
     model.heal()
     model.run_until(model.t + 15.0)
     return model
+
+
+def overlapping_run(seed: int, nodes: int = 5, bursts: int = 10) -> Model:
+    """A run of `seed` whose faults overlap: bursts of several at once on different members, a
+    minority of them (a member counts as failed from its crash until its new life is ready):
+    crashes restarted within half a second, pauses, cuts one way and both ways of some of a
+    member's links, slow links (a third of a lease each way), and loss with repeats. Between
+    bursts everything heals and the restarted lives recover."""
+    model = Model(seed, nodes)
+    rng = random.Random(seed ^ 0x0FA17)
+    model.run_until(5.0)
+    minority = (nodes - 1) // 2
+    for _ in range(bursts):
+        model.run_until_ready()
+        for victim in rng.sample(model.ids, rng.randint(1, minority)):
+            kind = rng.choice(["crash", "pause", "cut", "one_way", "slow", "lossy"])
+            others = rng.sample([o for o in model.ids if o != victim], rng.randint(1, nodes - 1))
+            if kind == "crash":
+                model.crash(victim)
+                model.run_until(model.t + rng.uniform(0.0, 0.5))
+                model.start(victim)
+            elif kind == "pause":
+                model.pause(victim, rng.uniform(0.2, 3 * LEASE))
+            elif kind in ("cut", "one_way"):
+                for other in others:
+                    model.partition(victim, other, both_ways=kind == "cut")
+            elif kind == "slow":
+                for other in others:
+                    model.slow_down(victim, other, rng.uniform(0.25, 0.35) * LEASE)
+            else:
+                model.loss, model.duplicate = 0.2, 0.2
+            model.run_until(model.t + rng.uniform(0.0, 0.7))
+        model.run_until(model.t + rng.uniform(0.2, 3.0))
+        model.heal()
+        model.loss = model.duplicate = 0.0
+    model.heal()
+    model.run_until(model.t + 15.0)
+    return model
+
+
+def restart_behind_a_slow_quorum(seed: int, pick: int = 0) -> tuple[Model, int, int]:
+    """Issue 38's five-node schedule, two faults at once: owner O is cut from B and D and its
+    link to C is slow (0.3 s each way, against a lease of 1 s). O writes; the moment X's
+    acceptance is back at O, X crashes and starts again, and O-X is cut. X's new life asks B,
+    C and D for their copies before the write reaches C; then C accepts it, and O counts {O,
+    X's old life, C}: committed. Then O is cut from C too, and X (named by the ring for the
+    slot once O is gone) takes it with B and D, none of which holds the write. Returns the
+    model, the slot and the key of the write."""
+    model = Model(seed, nodes=5, skew=0.0)
+    model.run_until(5.0)
+    candidates = []
+    for o in model.ids:
+        life = model.lives[o]
+        assert life is not None
+        others = sorted(set(model.ids) - {o})
+        ring = slot_owners(Ring(others))
+        candidates += [
+            (o, slot, ring[slot], others) for slot in life.core.acting_slots(life.local(model.t))
+        ]
+    o, slot, x, others = candidates[pick % len(candidates)]
+    c, b, d = [m for m in others if m != x]
+    model.partition(o, b)
+    model.partition(o, d)
+    model.slow_down(o, c, 0.3 * LEASE)
+    model.run_until(model.t + 0.5)  # B's and D's lease promises to O run out
+    owner = model.lives[o]
+    assert owner is not None
+    now = owner.local(model.t)
+    key = 10**9
+    owner.core.write(slot, [PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)], [], now)
+    owner.core.gate.hold((slot, key))
+    model._after(owner, now)
+    writer = owner.core._owned[slot].writer
+    assert writer is not None
+    while writer._held.get(x, 0) < writer.version:
+        model.run_until(model.t + 0.0005)
+    model.crash(x)
+    model.partition(o, x)
+    model.start(x)
+    end = model.t + 3 * LEASE
+    while key not in model.committed[slot] and model.t < end:
+        model.run_until(model.t + 0.001)
+    model.run_until(model.t + 0.1)
+    model.partition(o, c)
+    model.run_until(model.t + 6 * LEASE)
+    model.heal()
+    model.run_until(model.t + 6 * LEASE)
+    return model, slot, key
