@@ -300,12 +300,13 @@ class _Round:
 
 
 class _Reply:
-    """What one member answered a recovering life, so far."""
+    """What one member answered a recovering life, so far, to a `Recover` sent at `asked_at`."""
 
-    __slots__ = ("nonce", "ready", "era", "parts", "images")
+    __slots__ = ("nonce", "asked_at", "ready", "era", "parts", "images")
 
-    def __init__(self, nonce: int, ready: bool, era: int, parts: int) -> None:
+    def __init__(self, nonce: int, asked_at: float, ready: bool, era: int, parts: int) -> None:
         self.nonce = nonce
+        self.asked_at = asked_at
         self.ready = ready
         self.era = era
         self.parts = parts
@@ -320,8 +321,8 @@ class _Recovery:
     """A new life's reading of the others' slots, and its cold-start proposal, if any."""
 
     def __init__(self) -> None:
-        # member -> the nonce of the last `Recover` sent it
-        self.asked: dict[str, int] = {}
+        # member -> the nonce of the last `Recover` sent it, and when
+        self.asked: dict[str, tuple[int, float]] = {}
         self.replies: dict[str, _Reply] = {}
         self.proposal: Ballot | None = None
         self.accepted_by: set[str] = set()
@@ -757,18 +758,20 @@ class Ownership:
         if again:
             self._recover_at = now + RECOVER_RETRY
             self._deadline = None
+        read = [m for m in others if (r := recovery.replies.get(m)) and self._reads(r)]
         for member in others:
             reply = recovery.replies.get(member)
-            # A member just learned of is asked at once, the rest every `RECOVER_RETRY`.
-            if (again or member not in recovery.asked) and not (
-                reply is not None and reply.ready and reply.complete
-            ):
-                recovery.asked[member] = nonce = self._rng.getrandbits(63)
+            # A member just learned of is asked at once, the rest every `RECOVER_RETRY`, and
+            # those that sent their copies too early again once the quarantine is over.
+            last_asked = recovery.asked.get(member, (0, now))[1]
+            early = reply is not None and reply.ready and last_asked < self._quarantine_until <= now
+            if (again or member not in recovery.asked or early) and member not in read:
+                nonce = self._rng.getrandbits(63)
+                recovery.asked[member] = (nonce, now)
                 self._send(member, Recover(nonce))
         if now < self._settle_until:
             return
         need = self._quorum
-        ready = [m for m in others if (r := recovery.replies.get(m)) and r.ready and r.complete]
         blank = [m for m in others if (r := recovery.replies.get(m)) and not r.ready]
         # The quarantine waits out leases the previous life promised to a member acting on
         # them; with every voter known and a new life with nothing, none acts (docs/cluster.md).
@@ -776,8 +779,8 @@ class Ownership:
             return
         # Any quorum that held the previous life holds at least `need - 1` of the others, so
         # this many ready others share a member with it (docs/cluster.md).
-        if ready and len(ready) >= len(self._voters) - need + 1:
-            self._adopt_recovery(ready, now)
+        if read and len(read) >= len(self._voters) - need + 1:
+            self._adopt_recovery(read, now)
             return
         if recovery.proposal is not None:
             if len(recovery.accepted_by & self._voters) >= need:
@@ -803,13 +806,23 @@ class Ownership:
             for member in others:
                 self._send(member, ColdStart(recovery.proposal))
 
+    def _reads(self, reply: _Reply) -> bool:
+        """Does `reply` count in the recovery read? Only a whole copy from a ready member,
+        asked for once the quarantine was over: a quorum that held this member's previous
+        life may still be forming before then, its other members not yet holding what they
+        will have accepted (docs/cluster.md, "Which life a vote belongs to")."""
+        return reply.ready and reply.complete and reply.asked_at >= self._quarantine_until
+
     def _on_recover_reply(self, sender: str, reply: RecoverReply, now: float) -> None:
         recovery = self._recovery
-        if recovery is None or recovery.asked.get(sender) != reply.nonce:
+        if recovery is None:
+            return
+        nonce, asked_at = recovery.asked.get(sender, (None, 0.0))
+        if nonce != reply.nonce:
             return
         known = recovery.replies.get(sender)
         if known is None or known.nonce != reply.nonce:
-            known = _Reply(reply.nonce, reply.ready, reply.era, reply.parts)
+            known = _Reply(reply.nonce, asked_at, reply.ready, reply.era, reply.parts)
             recovery.replies[sender] = known
         known.images[reply.part] = reply.images
         self._recover(now)
@@ -976,7 +989,7 @@ class Ownership:
         owned.cold = best is None
         owned.phase = WRITING
         owned.lease_from = owned.prepared_at
-        owned.writer = SlotWriter(slot, owned.ballot, now)
+        owned.writer = SlotWriter(slot, owned.ballot, now, self.usable_lease)
         write = Accept(slot, owned.ballot, owned.writer.next_version(now), True, records, [])
         self.gate.written(slot, write.version)
         self._to_voters(write)
@@ -999,7 +1012,7 @@ class Ownership:
             copy = self._acceptors[slot].copy
             if copy.accepted == ballot:
                 self._send(sender, Accept(slot, ballot, copy.version, True, copy.records(now), []))
-        committed = writer.committed(self._voters)
+        committed = writer.committed(self._voters, now)
         self.gate.committed(slot, committed)
         if slot in self._to_resign:
             self._resign(slot, now)
@@ -1040,10 +1053,17 @@ class Ownership:
         the members counted each other down (100,000 peers made at one node of three)."""
         for slot, owned in self._owned.items():
             writer = owned.writer
-            if writer is None or not writer.pending(self._voters):
+            if writer is None or not writer.pending(self._voters, now):
                 continue
             copy = self._acceptors[slot].copy
             if copy.accepted != owned.ballot:
+                continue
+            if now - writer.sent_at(writer.version) >= self.usable_lease / 2:
+                # Its acceptors' words are half spent (`SlotWriter.committed`): before they
+                # run out, an empty write follows, whose words count afresh. One that does
+                # not hold what it follows says so, and gets the slot whole.
+                version = writer.next_version(now)
+                self._to_voters(Accept(slot, owned.ballot, version, False, [], []))
                 continue
             stalled = writer.stalled(self._voters & self._live.keys(), now, self.lease / 2)
             if not stalled:
@@ -1095,7 +1115,7 @@ class Ownership:
         if owned is None or (not self.leaving and self._ring_owners[slot] == self.me):
             self._to_resign.discard(slot)
             return
-        if owned.writer is not None and owned.writer.pending(self._voters):
+        if owned.writer is not None and owned.writer.pending(self._voters, now):
             return
         self._to_resign.discard(slot)
         self._lose(slot, now, resigned=True)

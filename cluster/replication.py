@@ -4,7 +4,9 @@
   version of the write that made them. A write applies if it follows the version the copy holds
   (or is the whole slot); otherwise the owner must send the slot whole.
 * `SlotWriter` is an owner's side of one slot in one ballot: the versions it wrote, which
-  acceptor holds which, and so which version is committed (held by a quorum).
+  acceptor holds which, and so which version is committed: held by a quorum at once, each
+  acceptor's word counting only for `vote_life` after the write it answers was sent
+  (docs/cluster.md, "Which life a vote belongs to").
 * `CommitGate` holds back what a node would say (answers, messages) until the writes made before
   it are committed, and fails it if one of them never will be.
 
@@ -145,12 +147,28 @@ def _restored(kept: tuple, now: float) -> Record:
 class SlotWriter:
     """The versions an owner wrote of one slot under one ballot, and who holds them."""
 
-    __slots__ = ("slot", "ballot", "version", "_held", "_whole_sent", "_began", "_stalled_from")
+    __slots__ = (
+        "slot",
+        "ballot",
+        "version",
+        "vote_life",
+        "_committed",
+        "_sent",
+        "_held",
+        "_whole_sent",
+        "_began",
+        "_stalled_from",
+    )
 
-    def __init__(self, slot: int, ballot: Ballot, now: float) -> None:
+    def __init__(self, slot: int, ballot: Ballot, now: float, vote_life: float) -> None:
         self.slot = slot
         self.ballot = ballot
         self.version = 0
+        self.vote_life = vote_life
+        self._committed = 0
+        # version -> when it was first sent, for the versions not committed yet: an acceptor
+        # that says it holds one accepted it since then
+        self._sent: dict[int, float] = {}
         # member -> the version it told us it holds
         self._held: dict[str, int] = {}
         # member -> the version a whole copy was last sent it at (not again before news)
@@ -165,7 +183,12 @@ class SlotWriter:
             if version == self.version:  # caught up until this write
                 self._stalled_from[member] = now
         self.version += 1
+        self._sent[self.version] = now
         return self.version
+
+    def sent_at(self, version: int) -> float:
+        """When `version`, not committed yet, was first sent."""
+        return self._sent[version]
 
     def held(self, member: str, version: int, now: float) -> bool:
         """`member` holds `version`, or (0) could not apply what it was sent; True if it needs
@@ -199,13 +222,30 @@ class SlotWriter:
         self._whole_sent[member] = self.version
         self._stalled_from[member] = now
 
-    def committed(self, voters: Collection[str]) -> int:
-        """The highest version a quorum of `voters` holds."""
-        versions = sorted((self._held.get(member, 0) for member in voters), reverse=True)
-        return versions[quorum(voters) - 1] if versions else 0
+    def committed(self, voters: Collection[str], now: float) -> int:
+        """The highest version a quorum of `voters` holds, counting an acceptor's word only
+        while the version it holds was sent less than `vote_life` ago. A word older than that
+        may come from a life that has since died and recovered without it: its new life reads
+        the others only once a quorum counted on this clock would have formed
+        (docs/cluster.md)."""
+        fresh = sorted(
+            (
+                held
+                for member in voters
+                if (held := self._held.get(member, 0)) > self._committed
+                and now - self._sent[held] <= self.vote_life
+            ),
+            reverse=True,
+        )
+        need = quorum(voters)
+        if len(fresh) >= need:
+            self._committed = fresh[need - 1]
+            for version in [v for v in self._sent if v <= self._committed]:
+                del self._sent[version]
+        return self._committed
 
-    def pending(self, voters: Collection[str]) -> bool:
-        return self.committed(voters) < self.version
+    def pending(self, voters: Collection[str], now: float) -> bool:
+        return self.committed(voters, now) < self.version
 
 
 T = TypeVar("T")

@@ -31,7 +31,13 @@ from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.replication import Accept, Accepted, CommitGate, SlotCopy, SlotWriter
 from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord, lock_key
 from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
-from tests.cluster.ownership_model import LEASE, Model, random_run
+from tests.cluster.ownership_model import (
+    LEASE,
+    Model,
+    overlapping_run,
+    random_run,
+    restart_behind_a_slow_quorum,
+)
 from tests.collector import held
 
 
@@ -54,6 +60,24 @@ def test_three_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(se
 @pytest.mark.parametrize("seed", range(3))
 def test_five_nodes_keep_one_acting_owner_per_slot_and_every_committed_write(seed):
     model = random_run(100 + seed, nodes=5)
+    assert model.violations == []
+    assert model.serving() == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_faults_that_overlap_on_a_minority_keep_both_invariants(seed):
+    model = overlapping_run(seed, nodes=5 if seed % 2 else 3)
+    assert model.violations == []
+    assert model.serving() == []
+
+
+@pytest.mark.parametrize("pick", range(3))
+def test_a_vote_of_a_life_that_restarted_behind_a_slow_quorum_loses_no_committed_write(pick):
+    """Issue 38's schedule: the write was committed with the acceptance of X's old life and
+    of C over a slow link, after X's new life read C. Its read now comes after the quarantine,
+    by when a quorum counted with the old life's word had formed."""
+    model, slot, key = restart_behind_a_slow_quorum(0, pick)
+    assert key in model.committed[slot], "the schedule commits the write"
     assert model.violations == []
     assert model.serving() == []
 
@@ -330,14 +354,14 @@ def test_a_copy_ages_deadlines_and_stretches_them_for_clock_drift():
 
 
 def test_a_writer_commits_what_a_quorum_holds_and_sends_whole_to_who_fell_behind():
-    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0)
+    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0, vote_life=1.0)
     voters = {"n1", "n2", "n3"}
     for _ in range(3):
         writer.next_version(0.0)
     writer.held("n1", 3, 0.0)
-    assert writer.committed(voters) == 0 and writer.pending(voters)
+    assert writer.committed(voters, 0.0) == 0 and writer.pending(voters, 0.0)
     assert writer.held("n2", 3, 0.0) is False
-    assert writer.committed(voters) == 3 and not writer.pending(voters)
+    assert writer.committed(voters, 0.0) == 3 and not writer.pending(voters, 0.0)
     assert writer.held("n3", 1, 0.0) is False  # behind: the rest is on its way
     assert writer.held("n3", 0, 0.0) is True  # could not apply a write: the slot whole, once
     assert writer.held("n3", 0, 0.0) is False  # (until it holds that whole copy)
@@ -346,8 +370,77 @@ def test_a_writer_commits_what_a_quorum_holds_and_sends_whole_to_who_fell_behind
     assert writer.held("n3", 0, 0.0) is True
 
 
+def test_a_writer_counts_an_acceptors_word_only_for_a_vote_life_after_the_write_was_sent():
+    """Its sender may have died since, and its new life recovered without the write: the
+    quorum must form while the word is young enough that every other member of it held the
+    write before that new life read it (docs/cluster.md, "Which life a vote belongs to")."""
+    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0, vote_life=1.0)
+    voters = {"n1", "n2", "n3", "n4", "n5"}
+    writer.next_version(0.0)
+    writer.held("n1", 1, 0.0)
+    writer.held("n2", 1, 0.1)  # n2's old life, which then dies
+    writer.held("n3", 1, 1.2)  # over a slow link
+    assert writer.committed(voters, 1.2) == 0 and writer.pending(voters, 1.2)
+    writer.next_version(1.3)  # the owner writes again: words about version 2 count afresh
+    writer.held("n1", 2, 1.3)
+    writer.held("n3", 2, 1.4)
+    assert writer.committed(voters, 1.4) == 0
+    writer.held("n4", 2, 1.5)
+    assert writer.committed(voters, 1.5) == 2 and not writer.pending(voters, 1.5)
+    writer.next_version(1.6)
+    writer.held("n1", 3, 1.6)
+    writer.held("n3", 3, 1.7)
+    writer.held("n4", 3, 2.6)  # exactly a vote life after the send still counts
+    assert writer.committed(voters, 2.6) == 3
+
+
+def test_an_owner_writes_again_once_its_acceptors_words_are_half_spent():
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.tick(0.0)
+    ballot = next(m.ballot for _, m in core.outbox() if isinstance(m, Prepare) and m.slot == 0)
+    for member in ("n2", "n3"):
+        core.receive(member, Promise(0, ballot, NO_BALLOT, 0, []), 0.01)
+    core.receive("n2", Accepted(0, ballot, 1), 0.02)
+    assert core.acting(0, 0.02)
+    core.outbox()
+    core.write(0, [record(1)], [], 0.1)  # n2 and n3 say nothing of version 2
+    core.outbox()
+    core.tick(0.1 + core.usable_lease / 2)
+    again = [(to, m) for to, m in core.outbox() if isinstance(m, Accept) and m.slot == 0]
+    assert again == [(to, Accept(0, ballot, 3, False, [], [])) for to in ("n2", "n3")], (
+        "an empty write, as version 3, to every other voter"
+    )
+    core.receive("n3", Accepted(0, ballot, 3), 0.7)
+    assert core._owned[0].writer.committed(core.voters, 0.7) == 3
+
+
+def test_a_new_life_reads_the_others_only_once_its_quarantine_is_over():
+    """Copies sent before then may miss a write that a quorum with its previous life is still
+    accepting: the five-node schedule of issue 38 recovered from such copies, and a write the
+    client was told of was lost."""
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    voters = {"n1", "n2", "n3"}
+    core.members_changed({m: 1 for m in voters}, voters, 0.0)
+    asked = {to: m.nonce for to, m in core.outbox() if isinstance(m, Recover)}
+    assert asked.keys() == {"n2", "n3"}
+    for member, nonce in asked.items():
+        core.receive(member, RecoverReply(nonce, True, 5, [], 0, 1), 0.01)
+    quarantine = 1.0 * (1 + DRIFT) / (1 - DRIFT)
+    core.tick(quarantine - 0.01)
+    assert not core.ready
+    core.tick(quarantine)
+    assert not core.ready, "the copies sent during the quarantine do not count"
+    again = {to: m.nonce for to, m in core.outbox() if isinstance(m, Recover)}
+    assert again.keys() == {"n2", "n3"}
+    for member, nonce in again.items():
+        core.receive(member, RecoverReply(nonce, True, 5, [], 0, 1), quarantine + 0.01)
+    assert core.ready and core.era == 5
+
+
 def test_a_writer_sends_again_only_to_who_said_nothing_newer_for_a_while():
-    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0)
+    writer = SlotWriter(0, Ballot(1, 1, "n1"), now=0.0, vote_life=1.0)
     voters = {"n1", "n2", "n3"}
     writer.next_version(0.0)
     writer.held("n1", 1, 0.0)
