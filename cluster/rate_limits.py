@@ -15,7 +15,16 @@ No instant crosses between nodes: two nodes' clocks agree only on their rates, w
 A hand-over carries each key's state as offsets from its sending (`Algorithm.values`), and the
 time since its slot's keys started spent as an age (`SlotRates.spent_for`); the receiver places
 them on its clock from the moment the hand-over arrived, later rather than earlier
-(`rate_algorithms.received`). Gossiped events carry their age at sending, likewise.
+(`rate_algorithms.received`).
+
+Gossip mode is the one place a time of day crosses: its nodes must place one another's
+admissions in time to count them, and nothing but a shared clock places them where they
+happened (an event's age at sending leaves out its time in flight, which a stalled link makes
+as long as the stall, and an event counted in a later window than its own is a go invented
+there). So a gossiped event says when it went by the time of day of its node, and the receiver
+turns that into its own monotonic clock by its own time of day (`take_events`, `receive`):
+clocks s seconds apart move the event by s, within gossip's approximation, and never decide
+anything at a node by the time of day.
 
 A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
 admitted it remembers the go (`RememberedGoes`), and answers a retry (the client asking again
@@ -143,14 +152,14 @@ RateOperation = RateCheck | RateChecks | RateWait | RateLease
 
 @dataclass(frozen=True, slots=True)
 class RateEvent:
-    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter`, `age` seconds
-    before its message was sent (by the clock of the node that admitted it)."""
+    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter` at `at`, a time
+    of day by the wall clock of the node that admitted it."""
 
     seq: int
     limiter: str
     key: str
     n: int
-    age: float
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +223,7 @@ class LimiterStats:
     repeated: int = 0
     # Admissions beyond the rule found when merging gossip (weight units).
     overshoot: float = 0.0
-    # How old the newest gossiped event was when its message was sent (seconds, by the clock
-    # of the node that admitted it; the time in flight is not in it: no clock sees both ends).
+    # How old the newest gossiped event was when it arrived (seconds; clocks of two nodes).
     gossip_lag: float = 0.0
 
 
@@ -510,22 +518,22 @@ class RateLimits:
         """Slots whose keys start spent, for a while yet."""
         return len(self._spent_since)
 
-    def take_events(self, now: float) -> RateEvents | None:
+    def take_events(self, now: float, wall: float) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any, to send
-        `now`."""
+        `now`, when its wall clock reads `wall`."""
         if not self._outbox:
             return None
         events = tuple(
-            RateEvent(seq, limiter, key, n, max(0.0, now - at))
+            RateEvent(seq, limiter, key, n, wall - (now - at))
             for seq, limiter, key, n, at in self._outbox
         )
         self._outbox = []
         return RateEvents(self.origin, self.incarnation, events)
 
-    def receive(self, message: RateEvents, now: float) -> None:
-        """Apply another node's "go" events, arrived `now`, to this node's copies of the keys.
-        Each counts from its age at sending before `now` (made shorter, as a hand-over's are):
-        later than it went, by the time in flight at least, so it weighs for longer here."""
+    def receive(self, message: RateEvents, now: float, wall: float) -> None:
+        """Apply another node's "go" events, arrived `now` (when this node's wall clock reads
+        `wall`), to this node's copies of the keys: each at its time of day, on this node's
+        clock, and no later than its arrival."""
         seen = self._seen.setdefault((message.origin, message.incarnation), _Seen())
         for event in message.events:
             if not seen.first_time(event.seq):
@@ -533,11 +541,11 @@ class RateLimits:
             algorithm = self._algorithms.get(event.limiter)
             if algorithm is None or self._modes[event.limiter] != "gossip":
                 continue  # configured differently there: nothing to merge
-            at = now + received(-event.age)
+            at = min(now, now - (wall - event.at))
             state = self._state(event.limiter, algorithm, event.key, at)
             stats = self.stats[event.limiter]
             stats.overshoot += algorithm.consume(state, event.n, at)
-            stats.gossip_lag = event.age
+            stats.gossip_lag = max(0.0, wall - event.at)
 
     def evict(self, now: float) -> int:
         """Forget goes remembered long enough, and the keys whose state is as good as new (and

@@ -10,8 +10,9 @@ once nothing is served any more.
 
 What differs between a process and a simulation is only what `Seams` carries: how links are
 dialled, the random source, the life's generation, the clock of eras and fencing epochs, the
-node's own clock (every timer, and every rate-limit decision), and whether a link repeats a
-message (the simulations' duplicating network).
+node's own clock (every timer, and every rate-limit decision), the time of day gossip-mode
+rate-limit events are stamped with, and whether a link repeats a message (the simulations'
+duplicating network).
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ class Seams:
     # The clock of the cluster's eras and of fencing epochs.
     epoch: Callable[[], int] = epoch_now
     clock: Clock = TRIO_CLOCK
-    # Read by nothing: rate limits decide on `clock`, never on the time of day. Kept while
-    # simulations/cluster.py still passes it.
+    # The time of day gossip-mode rate-limit events say they went at (nothing is decided by it).
     wall: Callable[[], float] = time.time
     # Whether a link sends a message a second time (never, but in a duplicating simulation).
     repeat: Callable[[object], bool] | None = None
@@ -117,6 +117,7 @@ class Node:
             RateLimits(config.rate_limits, self.node_id if reach else "", rng, limits),
             gossip_interval=cluster.rate_gossip_interval,
             node_clock=seams.clock,
+            wall=seams.wall,
             members=reach,
         )
         if self._cluster is not None:

@@ -66,8 +66,8 @@ from .wire import Codec
 # Retired tags, never to be used again: 12-14, 17 (peer operations before they were numbered);
 # 20-33 (replicas streamed to every member, and the home and owner messages of that design);
 # 42-45 (rate-limit pulls, hand-offs and takeovers by failed member); 67-68 (a semaphore's
-# record with every lock in it); 37, 39, 78 (rate-limit events and states that carried the
-# sender's times, now ages: 84-86).
+# record with every lock in it); 39, 78 (rate-limit states that carried the sender's times, now
+# offsets from their sending: 85-86); 84 (gossiped events by age, not time of day).
 LINK_CODEC = Codec(
     {
         1: Gossip,
@@ -84,6 +84,7 @@ LINK_CODEC = Codec(
         34: RateCheck,
         35: RateWait,
         36: Decision,
+        37: RateEvent,
         38: RateEvents,
         40: RateStates,
         41: RateChecks,
@@ -122,7 +123,6 @@ LINK_CODEC = Codec(
         81: RateLease,
         82: SliceReport,
         83: Grant,
-        84: RateEvent,
         85: RateState,
         86: SlotRates,
         **HANDSHAKE_MESSAGES,

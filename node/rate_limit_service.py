@@ -15,16 +15,18 @@
   (remembered where it was decided, and handed over with the key), not a second one.
 
 Decisions are made synchronously in the asking task (as the semaphores' are), on the node's own
-monotonic clock (`node/clock.py`), never the time of day: what crosses to other nodes (hand-overs,
-gossiped events) carries ages and remaining durations, which the receiver counts on its own
-clock (`cluster/rate_limits.py`). Keys idle long enough to be as good as new are forgotten every
-`EVICT_INTERVAL`.
+monotonic clock (`node/clock.py`), never the time of day: a hand-over carries ages and remaining
+durations, which the receiver counts on its own clock (`cluster/rate_limits.py`). Only gossip
+mode's events say when they went by the time of day, which is how the nodes place one another's
+admissions. Keys idle long enough to be as good as new are forgotten every `EVICT_INTERVAL`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, overload
 
@@ -94,13 +96,16 @@ class RateLimitService:
         *,
         gossip_interval: float = 0.05,
         node_clock: Clock = TRIO_CLOCK,
+        wall: Callable[[], float] = time.time,
         members: MemberReach | None = None,
     ) -> None:
-        """`node_clock`: the node's own, for every decision, lease, wait and retry; `members`:
+        """`node_clock`: the node's own, for every decision, lease, wait and retry; `wall`: the
+        time of day gossiped events are stamped and placed with, and nothing else; `members`:
         in a cluster, the other members (exact-mode keys are decided by the node that acts for
         their slot, and gossip is shared)."""
         self.core = core
         self._node_clock = node_clock
+        self._wall = wall
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
@@ -185,7 +190,7 @@ class RateLimitService:
 
     def receive(self, message: RateEvents) -> None:
         """Another node's "go" events (gossip mode)."""
-        self.core.receive(message, self._node_clock.now())
+        self.core.receive(message, self._node_clock.now(), self._wall())
 
     # -- slots changing hands ----------------------------------------------------------------
 
@@ -312,9 +317,9 @@ class RateLimitService:
     def _share_events(self) -> None:
         members = self._members
         if members is None:
-            self.core.take_events(self._node_clock.now())  # a single node has nobody to tell
+            self.core.take_events(0.0, 0.0)  # a single node has nobody to tell: dropped
             return
-        message = self.core.take_events(self._node_clock.now())
+        message = self.core.take_events(self._node_clock.now(), self._wall())
         if message is None:
             return
         for node_id in members.membership.live_members():
