@@ -15,15 +15,17 @@ while O is cut from the others); B and D are the other two.
 4. O's lease runs out; X, once ready, takes the slot with {B, D, X}, none of which has the
    grant (C refuses: its lease to O still runs), and grants A to client 2.
 
-Both hold A, with the same fencing token. The checkers see it from both sides: `o2` (the new
-owner gained a state without a committed write), `max` and `tokens` (what the clients saw).
+On the code before the fix, both held A, with the same fencing token, and the checkers saw it
+from both sides: `o2` (the new owner gained a state without a committed write), `max` and
+`tokens` (what the clients saw). Now X's new life reads the others only after its quarantine,
+by when C holds the grant; the last test plants the old reading back and sees the hole again.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
-import pytest
 import trio
 
 from simulations.checkers import check_history
@@ -31,6 +33,7 @@ from simulations.history import History
 from simulations.run import CONFIG
 from simulations.script import Stage, run_script
 from simulations.workload import EXPIRES_IN
+from sluicegate.cluster import ownership
 from sluicegate.cluster.replication import Accept, Accepted
 from sluicegate.cluster.ring import semaphore_key
 from sluicegate.cluster.semaphore_leases import LockRecord
@@ -144,15 +147,19 @@ def violations_of(history) -> list[str]:
     ]
 
 
-@cache
-def scenario() -> tuple[dict[str, str], History]:
-    """The roles and the history of the scenario's run (one for the tests of this file)."""
+def run_scenario() -> tuple[dict[str, str], History]:
     roles: dict[str, str] = {}
 
     async def script(stage: Stage) -> None:
         roles.update(await issue_38(stage))
 
     return roles, run_script(script, seed=0)
+
+
+@cache
+def scenario() -> tuple[dict[str, str], History]:
+    """The roles and the history of the scenario's run (one for the tests of this file)."""
+    return run_scenario()
 
 
 def test_the_schedule_reaches_the_interleaving_of_the_issue():
@@ -168,17 +175,27 @@ def test_the_schedule_reaches_the_interleaving_of_the_issue():
     assert f"A's slot acted for by {x}" in lines, lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 38: a vote of a crashed life counted in a quorum, and a new life's recovery "
-    "read sent before its quarantine (cluster/ownership.py, being fixed: then this passes, "
-    "and the mark goes)",
-)
 def test_a_write_a_crashed_life_voted_for_is_in_the_next_owners_state():
-    # Today: [o2] X gained A's slot without the grant O committed, and [max], [tokens]: the
-    # second client was granted A, with the same token, while the first held it. With the
-    # fix, the second client waits for A in vain (LockTimeout) while the first holds it.
+    # X's new life reads the others only after its quarantine, by when C holds the grant: X
+    # takes the slot with it, and the second client waits for A in vain (LockTimeout).
     roles, history = scenario()
     trace = "\n".join(history.lines())
     assert violations_of(history) == [], f"{roles}\n{trace}"
+    assert "refused  late.0 A  LockTimeout" in trace, trace
+
+
+def test_with_the_recovery_read_in_quarantine_again_both_clients_hold_a_with_one_token(
+    monkeypatch,
+):
+    # The hole as it was before the fix: X's new life adopts the copies B, C and D sent it at
+    # once, during its quarantine, before the grant reached C. The checkers see it from both
+    # sides: the servers' (o2) and the clients' (max, tokens).
+    monkeypatch.setattr(
+        ownership.Ownership, "_reads", lambda self, reply: reply.ready and reply.complete
+    )
+    roles, history = run_scenario()
+    found = "\n".join(violations_of(history))
+    trace = "\n".join(history.lines())
+    assert re.search(r"\[o2\] [\d.]+: slot \d+ gained by n\d \(life 2", found), trace
+    assert re.search(r"\[max\] [\d.]+: A held 2 > max 1 \(granted 1 to late.0\)", found), trace
+    assert re.search(r"\[tokens\] [\d.]+: token \d+ on A to late.0, and to c\d.0", found), trace
