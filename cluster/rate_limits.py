@@ -1,5 +1,4 @@
-"""Named rate limiters and the keys this node decides for, pure: `now` comes in, from the
-node's own monotonic clock.
+"""Named rate limiters and the keys this node decides for, pure: `now` comes in.
 
 A check names a limiter and a key (a user, a tenant; "" when the limiter is global) and a weight
 n. In `exact` mode the node that acts for the key's slot decides alone (`cluster/ownership.py`),
@@ -11,20 +10,13 @@ that moment: the old owner admitted nothing after its lease ended, which was bef
 copy kept elsewhere could say what it admitted until then (docs/cluster.md, "Rate limits in
 exact mode").
 
-No instant crosses between nodes: two nodes' clocks agree only on their rates, within `DRIFT`.
-A hand-over carries each key's state as offsets from its sending (`Algorithm.values`), and the
-time since its slot's keys started spent as an age (`SlotRates.spent_for`); the receiver places
-them on its clock from the moment the hand-over arrived, later rather than earlier
-(`rate_algorithms.received`).
-
-Gossip mode is the one place a time of day crosses: its nodes must place one another's
-admissions in time to count them, and nothing but a shared clock places them where they
-happened (an event's age at sending leaves out its time in flight, which a stalled link makes
-as long as the stall, and an event counted in a later window than its own is a go invented
-there). So a gossiped event says when it went by the time of day of its node, and the receiver
-turns that into its own monotonic clock by its own time of day (`take_events`, `receive`):
-clocks s seconds apart move the event by s, within gossip's approximation, and never decide
-anything at a node by the time of day.
+`now` is the node's `SteadyWall` (node/clock.py): it never steps, and reads the time of day
+as long as that runs without a step. No instant of it crosses between nodes, but for gossip
+(below): a hand-over carries each key's state as offsets from its sending
+(`Algorithm.values`), and the time since its slot's keys started spent as an age
+(`SlotRates.spent_for`); the receiver places them on its clock from the moment the hand-over
+arrived, later rather than earlier (`rate_algorithms.received`), however far apart the two
+clocks read.
 
 A check (or wait) may carry a `retry_id`, the same on every try of one request: the node that
 admitted it remembers the go (`RememberedGoes`), and answers a retry (the client asking again
@@ -35,8 +27,11 @@ remembered: a retried sorry had no effect, and may be decided again.
 In `gossip` mode the node a client talks to decides at once, from its own admissions plus those
 its peers gossip: each "go" becomes a `RateEvent` that goes to every other member, and a node
 applies the events it receives to its copy of the key (late and out of order is fine; a
-duplicate is recognised by its origin's sequence number and dropped). What gossip lets through
-beyond the rule is measured here (`overshoot`).
+duplicate is recognised by its origin's sequence number and dropped). Gossip is the one place
+an instant crosses: a node places another's admissions where they went by its own clock, which
+reads the time of day, so clocks s seconds apart move them by s (an event's age at sending
+would leave out its time in flight, which a stalled link makes as long as the stall). What
+gossip lets through beyond the rule is measured here (`overshoot`).
 """
 
 from __future__ import annotations
@@ -152,8 +147,9 @@ RateOperation = RateCheck | RateChecks | RateWait | RateLease
 
 @dataclass(frozen=True, slots=True)
 class RateEvent:
-    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter` at `at`, a time
-    of day by the wall clock of the node that admitted it."""
+    """A "go" of one node in gossip mode: `n` admitted for `key` of `limiter` at `at`, by the
+    clock its node decides on (`node/clock.py`'s `SteadyWall`: the time of day, without its
+    steps)."""
 
     seq: int
     limiter: str
@@ -247,8 +243,7 @@ class RateLimits:
         self.origin = origin
         self.incarnation = (rng or random.Random()).getrandbits(63)
         self._seq = 0
-        # Gossip mode: this node's goes not sent yet, as (seq, limiter, key, n, when).
-        self._outbox: list[tuple[int, str, str, int, float]] = []
+        self._outbox: list[RateEvent] = []
         # (origin, incarnation) -> the sequence numbers applied from it.
         self._seen: dict[tuple[str, int], _Seen] = {}
         self.stats = {name: LimiterStats() for name in configs}
@@ -358,7 +353,7 @@ class RateLimits:
                 self.goes.remember(which, retry_id, decision, now)
             if self._modes[limiter] == "gossip":
                 self._seq += 1
-                self._outbox.append((self._seq, limiter, key, n, now))
+                self._outbox.append(RateEvent(self._seq, limiter, key, n, now))
         if counted:
             stats = self.stats[limiter]
             if decision.go:
@@ -518,22 +513,15 @@ class RateLimits:
         """Slots whose keys start spent, for a while yet."""
         return len(self._spent_since)
 
-    def take_events(self, now: float, wall: float) -> RateEvents | None:
-        """The gossip message of this node's "go" events since the last call, if any, to send
-        `now`, when its wall clock reads `wall`."""
+    def take_events(self) -> RateEvents | None:
+        """The gossip message of this node's "go" events since the last call, if any."""
         if not self._outbox:
             return None
-        events = tuple(
-            RateEvent(seq, limiter, key, n, wall - (now - at))
-            for seq, limiter, key, n, at in self._outbox
-        )
-        self._outbox = []
+        events, self._outbox = tuple(self._outbox), []
         return RateEvents(self.origin, self.incarnation, events)
 
-    def receive(self, message: RateEvents, now: float, wall: float) -> None:
-        """Apply another node's "go" events, arrived `now` (when this node's wall clock reads
-        `wall`), to this node's copies of the keys: each at its time of day, on this node's
-        clock, and no later than its arrival."""
+    def receive(self, message: RateEvents, now: float) -> None:
+        """Apply another node's "go" events to this node's copies of the keys."""
         seen = self._seen.setdefault((message.origin, message.incarnation), _Seen())
         for event in message.events:
             if not seen.first_time(event.seq):
@@ -541,11 +529,10 @@ class RateLimits:
             algorithm = self._algorithms.get(event.limiter)
             if algorithm is None or self._modes[event.limiter] != "gossip":
                 continue  # configured differently there: nothing to merge
-            at = min(now, now - (wall - event.at))
-            state = self._state(event.limiter, algorithm, event.key, at)
+            state = self._state(event.limiter, algorithm, event.key, event.at)
             stats = self.stats[event.limiter]
-            stats.overshoot += algorithm.consume(state, event.n, at)
-            stats.gossip_lag = max(0.0, wall - event.at)
+            stats.overshoot += algorithm.consume(state, event.n, event.at)
+            stats.gossip_lag = max(0.0, now - event.at)
 
     def evict(self, now: float) -> int:
         """Forget goes remembered long enough, and the keys whose state is as good as new (and

@@ -10,9 +10,8 @@ once nothing is served any more.
 
 What differs between a process and a simulation is only what `Seams` carries: how links are
 dialled, the random source, the life's generation, the clock of eras and fencing epochs, the
-node's own clock (every timer, and every rate-limit decision), the time of day gossip-mode
-rate-limit events are stamped with, and whether a link repeats a message (the simulations'
-duplicating network).
+node's own clock, the time of day whose rate (never its steps) rate limits decide at, and
+whether a link repeats a message (the simulations' duplicating network).
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ class Seams:
     # The clock of the cluster's eras and of fencing epochs.
     epoch: Callable[[], int] = epoch_now
     clock: Clock = TRIO_CLOCK
-    # The time of day gossip-mode rate-limit events say they went at (nothing is decided by it).
+    # The time of day: rate limits decide at its rate and on its windows, never its steps.
     wall: Callable[[], float] = time.time
     # Whether a link sends a message a second time (never, but in a duplicating simulation).
     repeat: Callable[[object], bool] | None = None

@@ -24,10 +24,13 @@ did before the seam.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
 import trio
+
+from sluicegate.cluster.slots import DRIFT
 
 
 class Clock(Protocol):
@@ -101,3 +104,36 @@ class TrioClock:
 
 
 TRIO_CLOCK: Clock = TrioClock()
+
+
+class SteadyWall:
+    """The time of day without its steps: what a node's rate limits decide on.
+
+    It runs at the rate of the time of day (`wall`) while that stays within `slew` of the rate
+    of the node's clock (by default as far as two clocks each within DRIFT of real time may
+    differ, and the time of day runs within a hair of it while NTP slews it); across anything
+    else (a step forward or back, by NTP or by hand) it runs at the node's clock's rate. So it
+    never steps and never runs backward, as the node's clock, and a step of the time of day
+    moves it by nothing; while the time of day has not stepped it reads the time of day, so
+    windows are where the time of day puts them, on every node alike, and a node clock that
+    runs fast or slow decides at the time of day's rate, not its own."""
+
+    def __init__(
+        self, clock: Clock, wall: Callable[[], float], slew: float = (1 + DRIFT) / (1 - DRIFT) - 1
+    ) -> None:
+        self._clock = clock
+        self._wall = wall
+        self._slew = slew
+        # The readings of both clocks last time (None before the first).
+        self._then: tuple[float, float] | None = None
+        # This clock less the time of day: 0 until the time of day steps.
+        self._offset = 0.0
+
+    def now(self) -> float:
+        now, wall = self._clock.now(), self._wall()
+        if self._then is not None:
+            elapsed, walked = now - self._then[0], wall - self._then[1]
+            if abs(walked - elapsed) > self._slew * elapsed:
+                self._offset += elapsed - walked  # a step: go on at the node clock's rate
+        self._then = (now, wall)
+        return wall + self._offset

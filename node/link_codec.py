@@ -67,7 +67,7 @@ from .wire import Codec
 # 20-33 (replicas streamed to every member, and the home and owner messages of that design);
 # 42-45 (rate-limit pulls, hand-offs and takeovers by failed member); 67-68 (a semaphore's
 # record with every lock in it); 39, 78 (rate-limit states that carried the sender's times, now
-# offsets from their sending: 85-86); 84 (gossiped events by age, not time of day).
+# offsets from their sending: 85-86); 84 (gossiped events by age).
 LINK_CODEC = Codec(
     {
         1: Gossip,

@@ -14,11 +14,12 @@
 * Retries: a check or wait that carries a retry id gets, on a retry, the go its first try got
   (remembered where it was decided, and handed over with the key), not a second one.
 
-Decisions are made synchronously in the asking task (as the semaphores' are), on the node's own
-monotonic clock (`node/clock.py`), never the time of day: a hand-over carries ages and remaining
-durations, which the receiver counts on its own clock (`cluster/rate_limits.py`). Only gossip
-mode's events say when they went by the time of day, which is how the nodes place one another's
-admissions. Keys idle long enough to be as good as new are forgotten every `EVICT_INTERVAL`.
+Decisions are made synchronously in the asking task (as the semaphores' are), on the time of day
+without its steps (`node/clock.py`'s `SteadyWall`): it never steps or runs backward, so a step
+of the wall clock refills nothing and ends no hold. A hand-over carries ages and remaining
+durations, which the receiver counts on its own clock (`cluster/rate_limits.py`); only gossip
+mode's events say when they went, which is how the nodes place one another's admissions. Keys
+idle long enough to be as good as new are forgotten every `EVICT_INTERVAL`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from sluicegate.cluster.ring import rate_key
 from sluicegate.cluster.shard import SlotChange, SlotGained, SlotLost
 from sluicegate.cluster.slots import slot_of
 
-from .clock import TRIO_CLOCK, Clock
+from .clock import TRIO_CLOCK, Clock, SteadyWall
 from .membership_actor import MembershipActor
 from .rpc import Rpc, Unavailable
 
@@ -99,13 +100,14 @@ class RateLimitService:
         wall: Callable[[], float] = time.time,
         members: MemberReach | None = None,
     ) -> None:
-        """`node_clock`: the node's own, for every decision, lease, wait and retry; `wall`: the
-        time of day gossiped events are stamped and placed with, and nothing else; `members`:
+        """`node_clock`: the node's own, for leases, waits and retries; decisions read it too,
+        at the rate of the time of day, `wall`, and never its steps (`SteadyWall`); `members`:
         in a cluster, the other members (exact-mode keys are decided by the node that acts for
         their slot, and gossip is shared)."""
         self.core = core
         self._node_clock = node_clock
-        self._wall = wall
+        # What every decision reads: the time of day without its steps.
+        self._now = SteadyWall(node_clock, wall).now
         self._gossip_interval = gossip_interval
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
@@ -134,7 +136,7 @@ class RateLimitService:
 
     def ask_here(self, op: RateLease) -> Grant:
         """A holder's ask for a slice of a lease-mode key, answered here, now."""
-        return self.core.ask(op, self._node_clock.now())
+        return self.core.ask(op, self._now())
 
     def _check(self, limiter: str, key: str, n: int, retry_id: int | None) -> Decision:
         if self._queues and self._queues.get((limiter, key)):
@@ -143,7 +145,7 @@ class RateLimitService:
                 return repeated
             retry_after = max(SOON, self._queues[limiter, key][0].retry_at - self._node_clock.now())
             return self.core.refuse_behind_waiters(limiter, n, retry_after)
-        return self.core.check(limiter, key, n, self._node_clock.now(), retry_id=retry_id)
+        return self.core.check(limiter, key, n, self._now(), retry_id=retry_id)
 
     @overload
     async def call(self, op: RateCheck | RateWait) -> Decision: ...
@@ -190,7 +192,7 @@ class RateLimitService:
 
     def receive(self, message: RateEvents) -> None:
         """Another node's "go" events (gossip mode)."""
-        self.core.receive(message, self._node_clock.now(), self._wall())
+        self.core.receive(message, self._now())
 
     # -- slots changing hands ----------------------------------------------------------------
 
@@ -199,7 +201,7 @@ class RateLimitService:
         for change in changes:
             if isinstance(change, SlotLost):
                 handover = self.core.lose_slot(
-                    change.slot, change.ballot, change.resigned, self._node_clock.now()
+                    change.slot, change.ballot, change.resigned, self._now()
                 )
                 members = self._members
                 if handover is not None and members is not None:
@@ -209,12 +211,12 @@ class RateLimitService:
                             self._handed_to.add(member)
             elif isinstance(change, SlotGained):
                 self.core.gain_slot(
-                    change.slot, self._node_clock.now(), change.ballot, change.previous, change.cold
+                    change.slot, self._now(), change.ballot, change.previous, change.cold
                 )
 
     def handed_over(self, message: RateHandover) -> None:
         """A resigning owner's states of a slot this node may take next."""
-        self.core.handed_over(message, self._node_clock.now())
+        self.core.handed_over(message, self._now())
 
     async def leave(self, timeout: float) -> None:
         """Stopping: wait, at most `timeout`, until the keys handed over have arrived (the
@@ -234,7 +236,7 @@ class RateLimitService:
             await clock.sleep(self._gossip_interval)
             self._share_events()
             if clock.now() >= next_eviction:
-                self.core.evict(self._node_clock.now())
+                self.core.evict(self._now())
                 next_eviction = clock.now() + EVICT_INTERVAL
 
     # -- internals ---------------------------------------------------------------------------
@@ -311,15 +313,15 @@ class RateLimitService:
     def _try(self, op: RateWait) -> Decision:
         """One try of a waiting caller (its outcome is tallied once, at the end)."""
         return self.core.check(
-            op.limiter, op.key, op.n, self._node_clock.now(), counted=False, retry_id=op.retry_id
+            op.limiter, op.key, op.n, self._now(), counted=False, retry_id=op.retry_id
         )
 
     def _share_events(self) -> None:
         members = self._members
         if members is None:
-            self.core.take_events(0.0, 0.0)  # a single node has nobody to tell: dropped
+            self.core.take_events()  # a single node has nobody to tell
             return
-        message = self.core.take_events(self._node_clock.now(), self._wall())
+        message = self.core.take_events()
         if message is None:
             return
         for node_id in members.membership.live_members():

@@ -49,15 +49,13 @@ def test_keys_are_limited_apart_and_errors_name_what_is_wrong():
 def test_only_gossip_mode_makes_events_and_a_peer_counts_them():
     n1, n2 = node("n1", 1), node("n2", 2)
     n1.check("api", "k", 1, 0.0)
-    assert n1.take_events(0.0, 0.0) is None  # exact mode: the owner alone decides
+    assert n1.take_events() is None  # exact mode: the owner alone decides
     for _ in range(3):
         assert n1.check("crawl", "k", 1, 0.1).go
-    # The events go by the time of day, which n1's wall clock reads 5000.15 as they go.
-    message = n1.take_events(0.15, 5000.15)
+    message = n1.take_events()
     assert isinstance(message, RateEvents) and len(message.events) == 3
-    assert [event.at for event in message.events] == [pytest.approx(5000.1)] * 3
-    assert n1.take_events(0.15, 5000.15) is None
-    n2.receive(message, 0.2, 5000.2)
+    assert n1.take_events() is None
+    n2.receive(message, 0.2)
     assert n2.check("crawl", "k", 2, 0.3).go
     assert not n2.check("crawl", "k", 1, 0.3).go  # 3 there + 2 here fill the window of 5
 
@@ -68,9 +66,9 @@ def test_duplicates_and_reordering_never_count_twice(order, repeats):
     messages = []
     for origin in [n1] * 5 + [n3]:
         assert origin.check("crawl", "k", 1, 0.5).go
-        messages.append(origin.take_events(0.5, 0.5))
+        messages.append(origin.take_events())
     for index in list(order) + repeats:  # every message once, in any order, some again
-        n2.receive(messages[index], 0.6, 0.6)
+        n2.receive(messages[index], 0.6)
     assert n2.stats["crawl"].overshoot == 1  # 6 admitted in a window of 5: exactly 1 over
     assert not n2.check("crawl", "k", 1, 0.7).go
 
@@ -80,8 +78,8 @@ def test_merging_finds_the_overshoot_that_deciding_apart_let_through():
     for limits in (n1, n2):
         for _ in range(5):
             assert limits.check("crawl", "k", 1, 0.5).go  # neither has heard of the other
-    n2.receive(n1.take_events(0.6, 0.6), 0.6, 0.6)
-    n1.receive(n2.take_events(0.6, 0.6), 0.6, 0.6)
+    n2.receive(n1.take_events(), 0.6)
+    n1.receive(n2.take_events(), 0.6)
     assert n1.stats["crawl"].overshoot == n2.stats["crawl"].overshoot == 5
     assert n2.stats["crawl"].gossip_lag == pytest.approx(0.1)
 
@@ -89,10 +87,10 @@ def test_merging_finds_the_overshoot_that_deciding_apart_let_through():
 def test_a_restarted_origin_is_heard_again():
     n1, n2 = node("n1", 1), node("n2", 2)
     n1.check("crawl", "k", 1, 0.1)
-    n2.receive(n1.take_events(0.1, 0.1), 0.1, 0.1)
+    n2.receive(n1.take_events(), 0.1)
     reborn = node("n1", 3)  # a new incarnation numbers its events from 1 again
     reborn.check("crawl", "k", 1, 0.2)
-    n2.receive(reborn.take_events(0.2, 0.2), 0.2, 0.2)
+    n2.receive(reborn.take_events(), 0.2)
     assert n2.check("crawl", "k", 3, 0.3).go
     assert not n2.check("crawl", "k", 1, 0.3).go
 
