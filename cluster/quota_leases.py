@@ -1,7 +1,7 @@
 """Quota leases, pure: slices of one key's budget, handed to clients that decide from them
-locally (a limiter's `lease` mode). `now` comes in, from the owner's monotonic clock; nothing
-here knows about the network. No instant crosses between nodes: a grant says how long its slice
-lasts (`Grant.term`), not until when.
+locally (a limiter's `lease` mode). `now` comes in, from the owner's clock (which never steps:
+node/clock.py's `SteadyWall`); nothing here knows about the network. No instant crosses between
+nodes: a grant says how long its slice lasts (`Grant.term`), not until when.
 
 Theory of operation. The key's owner keeps a *pool*, the key's budget as its algorithm counts
 it, and the *open slices*: tokens it handed to a holder (a client), to spend until the slice's
@@ -32,7 +32,8 @@ An ask repeated is answered with the slice's term left from then.
 **A new owner** (the old one failed) knows nothing of the slices out: it starts the key spent,
 and holds its whole capacity reserved until every slice the old owner could have granted has
 ended (`spent`). What a failover costs is the refill of that time, never a token beyond. The
-hold counts on the new owner's monotonic clock, so no step of a wall clock can end it early.
+hold counts on the new owner's clock, which never steps, so no step of a wall clock can end
+it early.
 
 **Sizing.** Each holder says how many tokens it wants for a term (from what it spent in the
 last one). The owner shares the budget (what it could give now plus what the open slices may

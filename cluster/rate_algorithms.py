@@ -1,5 +1,5 @@
 """Rate-limiting algorithms, pure: state in, decision out, `now` passed in (seconds, on the
-deciding node's monotonic clock: no instant here is ever compared with another node's clock).
+deciding node's clock, which never steps: no instant here is compared with another node's).
 
 Each algorithm keeps one small state per key and answers `check(state, n, now)`: go (the state
 records the admission) or sorry, with what remains and how long until `n` could go. `consume`
