@@ -113,6 +113,27 @@ def leased_keys_start_whole() -> None:
     rate_limits.RateLimits.gain_slot = gain_slot_whole
 
 
+def tokens_shared_by_concurrent_holders() -> None:
+    """A semaphore held by several at once gives a newcomer the token of the latest holder, as
+    if tokens fenced only exclusive locks: the counter advances only when the semaphore was
+    free. (A, of max 1, never has a holder beside a newcomer: only its tokens stay right.)"""
+    hold = semaphore_leases.SemaphoreLeases._hold
+
+    def hold_sharing(self, sem, peer_id, count):
+        if sem.holders and peer_id not in sem.holders:
+            sem.next_token -= 1
+        hold(self, sem, peer_id, count)
+
+    semaphore_leases.SemaphoreLeases._hold = hold_sharing
+
+
+def adopt_latest_ballot_any_version() -> None:
+    """A new owner of a slot adopts a copy of the latest ballot its quorum accepted, but not
+    the latest version of it: the first promise of that ballot, which may lack its owner's
+    last committed writes."""
+    ownership.latest = lambda promises: max(promises, key=lambda p: p.accepted, default=None)
+
+
 PLANTED: dict[str, Callable[[], None]] = {
     "tokens-restart-on-takeover": tokens_restart_on_takeover,
     "adopt-any-copy": adopt_any_copy,
@@ -123,4 +144,6 @@ PLANTED: dict[str, Callable[[], None]] = {
     "duplicated-grant-on-retry": duplicated_grant_on_retry,
     "rate-retry-decided-again": rate_retry_decided_again,
     "leased-keys-start-whole": leased_keys_start_whole,
+    "tokens-shared-by-concurrent-holders": tokens_shared_by_concurrent_holders,
+    "adopt-latest-ballot-any-version": adopt_latest_ballot_any_version,
 }

@@ -25,6 +25,20 @@ CAUGHT = {
     "duplicated-grant-on-retry": (2, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
     "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
     "leased-keys-start-whole": (1, r"\[rate-lease\] [\d.]+: leased 'k\d' admitted \d+ from"),
+    "tokens-shared-by-concurrent-holders": (
+        0,
+        r"\[tokens\] [\d.]+: token \d+ on B to \S+, and to \S+ before",
+    ),
+    "adopt-latest-ballot-any-version": (
+        3,
+        r"\[o2\] [\d.]+: slot \d+ gained by n\d \(life \d+, ballot \d+\) without version \d+",
+    ),
+}
+# Bugs only the checkers that see beyond A and the clients catch: on their seed, every violation
+# is of that checker (and the tokens of A stay right).
+NEW_CHECKERS_ONLY = {
+    "tokens-shared-by-concurrent-holders": "tokens",
+    "adopt-latest-ballot-any-version": "o2",
 }
 
 
@@ -48,3 +62,13 @@ def test_a_planted_bug_is_caught(bug):
     assert failed_seeds(done.stdout) == {seed}
     assert re.search(caught_as, done.stdout), done.stdout
     print(done.stdout)
+
+
+@pytest.mark.parametrize("bug", sorted(NEW_CHECKERS_ONLY))
+def test_a_bug_only_the_new_checkers_see(bug):
+    seed, _ = CAUGHT[bug]
+    done = simulate("--seed", str(seed), "--plant", bug, timeout=600)
+    tally = re.search(r"^by checker  (.*)$", done.stdout, re.M)
+    assert tally is not None, done.stdout
+    assert re.fullmatch(rf"{NEW_CHECKERS_ONLY[bug]} \d+", tally.group(1)), done.stdout
+    assert not re.search(r"\[tokens\] [\d.]+: token \d+ on A", done.stdout), done.stdout
