@@ -1,12 +1,16 @@
-"""The `once` checker on histories written by hand: what counts as one decision of a retried
-rate-limit request, and what as two."""
+"""Checkers on histories written by hand: what counts as one decision of a retried rate-limit
+request (`once`), what tokens must do on any semaphore (`tokens`), and what a new owner must
+have gained (`o2`)."""
 
 from __future__ import annotations
 
-from simulations.checkers import rate_retries_once
-from simulations.history import History
+from simulations.checkers import committed_writes_survive, rate_retries_once, tokens_rise
+from simulations.history import Event, History
 from simulations.run import CONFIG
+from simulations.servers import Gain, ServerLog, Write, Writer, signature
 from simulations.workload import RateSend
+from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
+from sluicegate.cluster.slots import Ballot
 
 RETRY_ID = 7
 
@@ -38,3 +42,49 @@ def test_a_go_answered_after_the_client_left_its_connection_was_never_taken():
     # Left after the answer came: the client took that go, and a retry must repeat it.
     taken = send("n2", 16.8, 17.0, 1, given_up=17.2)
     assert len(rate_retries_once(history_of(taken, retry), CONFIG)) == 1
+
+
+def test_a_lock_asked_after_another_was_granted_needs_a_larger_token_on_every_semaphore():
+    history = History(clock=lambda: 0.0)
+    history.events += [
+        Event(1.0, "asked", "c0.0", "B", 1),
+        Event(1.1, "granted", "c0.0", "B", 1, token=12),
+        Event(2.0, "asked", "c1.0", "B", 2),
+        Event(2.1, "granted", "c1.0", "B", 2, token=12),
+    ]
+    assert tokens_rise(history) == [
+        "[tokens] 2.1000: token 12 on B to c1.0 (asked 2.0000) after 12 to c0.0 (granted 1.1000)",
+        "[tokens] 2.1000: token 12 on B to c1.0, and to c0.0 before",
+    ]
+    # Asked before the other was granted: either order is right, if the tokens differ.
+    history.events[2] = Event(1.05, "asked", "c1.0", "B", 2)
+    history.events[3] = Event(2.1, "granted", "c1.0", "B", 2, token=11)
+    assert tokens_rise(history) == []
+
+
+def lock(peer_id: int, token: int) -> LockRecord:
+    return LockRecord("A", peer_id, 1, 1, token, False, peer_id)
+
+
+def test_a_committed_write_missing_from_the_next_owners_state_breaks_o2():
+    slot, first, second = 7, Ballot(1, 1, "n1"), Ballot(1, 2, "n2")
+    servers = ServerLog()
+    writer = servers.writers[("n1", 1), slot, first] = Writer(("n1", 1), slot, first)
+    writer.writes[1] = Write(0.0, 1, True, {}, ())
+    granted = {"l:5:A": signature(lock(5, 40)), "s:A": signature(SemaphoreRecord("A", 41, 6))}
+    writer.writes[2] = Write(1.0, 2, False, granted, ())
+    # Version 3 was sent, never committed: a new owner may or may not hold it.
+    writer.writes[3] = Write(2.0, 3, False, {"l:6:A": signature(lock(6, 41))}, ())
+    writer.committed, writer.committed_at = 2, 1.5
+
+    def gained(records: dict) -> list[str]:
+        servers.gains = [Gain(3.0, ("n2", 1), slot, second, first, records, False)]
+        return committed_writes_survive(servers)
+
+    assert gained(granted) == []
+    assert gained({**granted, "l:6:A": signature(lock(6, 41))}) == []
+    [violation] = gained({"s:A": signature(SemaphoreRecord("A", 40, 5))})
+    assert violation.startswith(
+        "[o2] 3.0000: slot 7 gained by n2 (life 1, ballot 2) without version 2 of n1's ballot 1"
+    )
+    assert "lacks or differs in l:5:A s:A" in violation
