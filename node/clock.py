@@ -30,7 +30,7 @@ from typing import Protocol
 
 import trio
 
-from sluicegate.cluster.slots import DRIFT
+from sluicegate.cluster.rate_algorithms import RATE_RATIO
 
 
 class Clock(Protocol):
@@ -116,10 +116,12 @@ class SteadyWall:
     never steps and never runs backward, as the node's clock, and a step of the time of day
     moves it by nothing; while the time of day has not stepped it reads the time of day, so
     windows are where the time of day puts them, on every node alike, and a node clock that
-    runs fast or slow decides at the time of day's rate, not its own."""
+    runs fast or slow decides at the time of day's rate, not its own. What counts as a step is
+    what runs beyond `slew` between two readings: read it often (the rate limits do at every
+    gossip tick), and a step gets through by at most `slew` of the time between them."""
 
     def __init__(
-        self, clock: Clock, wall: Callable[[], float], slew: float = (1 + DRIFT) / (1 - DRIFT) - 1
+        self, clock: Clock, wall: Callable[[], float], slew: float = RATE_RATIO - 1
     ) -> None:
         self._clock = clock
         self._wall = wall
