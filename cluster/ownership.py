@@ -343,8 +343,8 @@ class Ownership:
     ) -> None:
         """`lease`: how long an acceptor's lease promise lasts; `settle`: how long a new life
         learns the voters before it decides anything about recovery; `era_floor`: the least era
-        a cold start may pick (the wall clock in milliseconds, which orders the cluster's cold
-        starts)."""
+        a cold start this life takes part in may pick (above the era its previous lives kept on
+        disk, if the node keeps one, and at least the wall clock in milliseconds)."""
         self.me = me
         self.lease = lease
         self.usable_lease = lease * (1 - DRIFT) / (1 + DRIFT)
@@ -389,7 +389,7 @@ class Ownership:
         self._recover_at = now
         # The largest cold-start proposal this life accepted, the one it started, and one that
         # won while this life did not know the voters yet (it starts once it does).
-        self._accepted_cold = NO_BALLOT
+        self._accepted_cold = Ballot(era_floor, 0, "")
         self._started_cold: Ballot | None = None
         self._cold_started: Ballot | None = None
         # (sender, slot) -> the latest ballot a member prepared before this life was ready:
@@ -468,6 +468,13 @@ class Ownership:
 
     def acts_for_any(self, now: float) -> bool:
         return any(self.acting(slot, now) for slot in self._owned)
+
+    @property
+    def kept_era(self) -> int:
+        """The largest era this life entered or accepted a cold start of, or its floor: what
+        a node with a state directory keeps on disk before anything leaves it, so that its
+        next life's cold start goes above it (docs/cluster.md, "Eras across cold starts")."""
+        return max(self.era, self._accepted_cold.era)
 
     @property
     def voters(self) -> frozenset[str]:
@@ -718,7 +725,8 @@ class Ownership:
 
     def _on_recover(self, sender: str, nonce: int, now: float) -> None:
         if not self.ready:
-            self._send(sender, RecoverReply(nonce, False, self.era, [], 0, 1))
+            # Its floor: a cold start it takes part in goes above it.
+            self._send(sender, RecoverReply(nonce, False, self._accepted_cold.era, [], 0, 1))
             return
         parts: list[list[SlotImage]] = [[]]
         size = 0
@@ -868,7 +876,8 @@ class Ownership:
             return
         if answer.ready or answer.accepted != answer.proposal:
             # Someone has state (recover from the ready ones), or a larger proposal is accepted
-            # there (let it win).
+            # there (let it win), or its floor is above this proposal (go above it next time).
+            self._era_floor = max(self._era_floor, answer.accepted.era)
             recovery.proposal = None
             recovery.propose_after = now + self._rng.uniform(RECOVER_RETRY, 2 * RECOVER_RETRY)
             return

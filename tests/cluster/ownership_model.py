@@ -312,13 +312,14 @@ class Model:
             self._due[pair] = due
             self._schedule(due, "deliver", life.node, (member, receiver.number), message)
 
-    def run_until_ready(self, limit: float = 20.0) -> None:
-        """Run until every running life is ready (at most `limit` seconds)."""
-        end = self.t + limit
-        while self.t < end and not all(
+    def run_until_ready(self, limit: float = 20.0) -> float:
+        """Run until every running life is ready (at most `limit` seconds); how long it took."""
+        start = self.t
+        while self.t < start + limit and not all(
             life is None or life.core.ready for life in self.lives.values()
         ):
             self.run_until(self.t + 0.05)
+        return self.t - start
 
     # -- after the faults -------------------------------------------------------------------
 

@@ -226,7 +226,51 @@ def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
     core.receive("n2", Accept(3, Ballot(5, 1, "n2"), 1, True, [], []), 0.1)
     assert [m for _, m in core.outbox() if not isinstance(m, Recover)] == []
     core.receive("n2", Recover(9), 0.1)
-    assert core.outbox() == [("n2", RecoverReply(9, False, 0, [], 0, 1))]
+    assert core.outbox() == [("n2", RecoverReply(9, False, 5, [], 0, 1))]
+
+
+def test_a_cold_start_goes_above_the_floor_of_every_member_whatever_the_proposers_clock():
+    """Fencing tokens start at the era: a proposer whose clock is behind the last era (and
+    whose disk, if any, is gone) still proposes above what the others kept."""
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    voters = {"n1", "n2", "n3"}
+    core.members_changed({m: 1 for m in voters}, voters, 0.0)
+    core.knows_the_voters(0.0)
+    asked = {to: m.nonce for to, m in core.outbox() if isinstance(m, Recover)}
+    core.receive("n2", RecoverReply(asked["n2"], False, 9, [], 0, 1), 0.01)
+    core.receive("n3", RecoverReply(asked["n3"], False, 3, [], 0, 1), 0.01)
+    proposals = {m.proposal for _, m in core.outbox() if isinstance(m, ColdStart)}
+    assert proposals == {Ballot(10, 0, "n1")}
+
+
+def test_a_new_life_refuses_a_cold_start_at_or_below_its_floor_and_the_proposer_goes_above():
+    n2 = Ownership("n2", lease=1.0, settle=0.0, era_floor=9, rng=random.Random(1), now=0.0)
+    n2.receive("n1", ColdStart(Ballot(8, 0, "n1")), 0.1)
+    ((_, refusal),) = n2.outbox()
+    assert refusal == ColdAnswer(Ballot(8, 0, "n1"), Ballot(9, 0, ""), False)
+    n2.receive("n1", ColdStart(Ballot(10, 0, "n1")), 0.2)
+    assert n2.outbox() == [("n1", ColdAnswer(Ballot(10, 0, "n1"), Ballot(10, 0, "n1"), False))]
+    assert n2.kept_era == 10
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_of_three_restarted_at_once_start_a_new_era_within_a_bounded_time(seed):
+    """A majority lost its memory: nothing can be read from a quorum of ready members, so the
+    new lives start a new era and the member still up drops its older state for it."""
+    model = Model(seed)
+    model.run_until(5.0)
+    era = model.lives["n3"].core.era
+    model.crash("n1")
+    model.crash("n2")
+    model.run_until(5.2)
+    model.start("n1")
+    model.start("n2")
+    took = model.run_until_ready()
+    assert took <= 3 * LEASE
+    (new_era,) = {life.core.era for life in model.lives.values()}
+    assert new_era > era
+    model.run_until(model.t + 2 * LEASE)
+    assert model.serving() == []
 
 
 def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
