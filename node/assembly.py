@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -52,6 +53,7 @@ from .rpc import Call, Failure, Reply, Rpc
 from .semaphore_actor import SemaphoreActor
 from .semaphore_service import ClusterSemaphores, LocalSemaphores, epoch_now
 from .shard_actor import ShardActor
+from .state_file import Kept, StateFile
 
 log = logging.getLogger("sluicegate.node")
 
@@ -125,6 +127,7 @@ class Node:
                 parts.shard,
                 send=parts.links.send,
                 on_slot_changes=self.rate_limits.slots_changed,
+                keep_era=parts.keep_era,
                 clock=seams.clock,
             )
             self.semaphores: LocalSemaphores | ClusterSemaphores = ClusterSemaphores(
@@ -173,8 +176,14 @@ class Node:
     ) -> _ClusterParts:
         config, seams, rng, node_id = self.config, self._seams, self._rng, self.node_id
         cluster = config.cluster
-        # A new generation per start: the wall clock only orders this node's own lives.
+        # A new generation per start: the wall clock orders this node's own lives, and what
+        # the last life kept, if anything, keeps that order when the clock stepped back.
+        state = StateFile(Path(cluster.state_dir)) if cluster.state_dir else None
+        kept = state.read() if state is not None else Kept()
         generation = time.time_ns() if seams.generation is None else seams.generation
+        generation = max(generation, kept.generation + 1)
+        if state is not None:
+            state.write(Kept(kept.era, generation))
         dialer = seams.dialer
         if client_tls is not None and dialer is websocket_dialer:
             dialer = partial(websocket_dialer, tls=client_tls)
@@ -214,7 +223,7 @@ class Node:
             node_id,
             lease=cluster.lease or cluster.down_after,
             settle=cluster.down_after,
-            era_floor=seams.epoch(),
+            era_floor=max(seams.epoch(), kept.era + 1),
             rng=rng,
             now=seams.clock.now(),
         )
@@ -233,8 +242,19 @@ class Node:
             membership_actor.use_found_seeds,
             clock=seams.clock,
         )
+
+        def keep_era(era: int) -> None:
+            if state is not None:
+                state.write(Kept(era, generation))
+
         return _ClusterParts(
-            links, membership_actor, rpc, ownership, shard, discovery if dns_names else None
+            links,
+            membership_actor,
+            rpc,
+            ownership,
+            shard,
+            discovery if dns_names else None,
+            keep_era,
         )
 
     # -- the three verbs ----------------------------------------------------------------------
@@ -318,6 +338,8 @@ class _ClusterParts:
     ownership: Ownership
     shard: Shard
     discovery: DnsDiscovery | None
+    # Keeps the ownership's era on disk, with `[cluster] state_dir`.
+    keep_era: Callable[[int], None]
     # Built once the rate limits are (their slot changes follow the shard's).
     shard_actor: ShardActor | None = None
     semaphores: ClusterSemaphores | None = None

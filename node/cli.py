@@ -20,6 +20,7 @@ from .gc_pauses import GC_PAUSES
 from .logs import FORMATS, choose_level, clip, setup_logging
 from .server import run_node
 from .settings import add_flags, apply, given
+from .state_file import StateFile
 from .tls import from_config as tls_from_config
 
 log = logging.getLogger("sluicegate.node")
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         if chosen:
             notice = None  # no file, but flags or variables: not an empty configuration
         check_cluster(config, args.address)
+        if config.cluster.state_dir:
+            StateFile(Path(config.cluster.state_dir)).check()
         tls = tls_from_config(config.tls)
         credentials = credentials_from_config(config.auth, os.environ)
         flag_level = (

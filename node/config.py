@@ -41,6 +41,7 @@ gossip_interval = "500ms"
 lease = "3s"                      # an owner acts this long past its quorum's word (down_after)
 cold_start_grace = "0s"           # after a cold start of the whole cluster: restores only
 rate_gossip_interval = "50ms"     # how often rate limiters in gossip mode share their "go"s
+state_dir = "/var/lib/sluicegate" # keeps the era and generation across lives (default: none)
 ```
 
 TLS on the node's port, for clients and for the other nodes (README, "Security"):
@@ -140,6 +141,9 @@ class ClusterConfig:
     cold_start_grace: float = 0.0
     # How often a node sends its rate limiters' "go" events to the others (gossip mode).
     rate_gossip_interval: float = 0.05
+    # Where the node keeps its era and generation across lives (node/state_file.py); None:
+    # nowhere, and eras across a cold start of the whole cluster rise only with the wall clock.
+    state_dir: str | None = None
 
 
 TLS_VERSIONS = ("1.2", "1.3")
@@ -401,6 +405,9 @@ def _cluster(table: object, source: str) -> ClusterConfig:
     advertise = table.get("advertise")
     if advertise is not None and (not isinstance(advertise, str) or ":" not in advertise):
         raise ConfigError(f"{source}: cluster.advertise must be a host:port string")
+    state_dir = table.get("state_dir")
+    if state_dir is not None and (not isinstance(state_dir, str) or not state_dir):
+        raise ConfigError(f"{source}: cluster.state_dir must be a directory's path")
     return ClusterConfig(
         node_id=node_id,
         join=tuple(join),
@@ -412,6 +419,7 @@ def _cluster(table: object, source: str) -> ClusterConfig:
         lease=_duration(table, "lease", None, source),
         cold_start_grace=_duration(table, "cold_start_grace", 0.0, source, zero_ok=True),
         rate_gossip_interval=_duration(table, "rate_gossip_interval", 0.05, source),
+        state_dir=state_dir,
     )
 
 

@@ -123,6 +123,9 @@ SETTINGS: tuple[Setting, ...] = (
     _cluster_setting(
         "rate_gossip_interval", "DURATION", "how often gossip-mode limiters share (50ms)"
     ),
+    _cluster_setting(
+        "state_dir", "PATH", "where the era and generation are kept across lives (default: none)"
+    ),
     *(_limit_setting(f.name, f.default) for f in fields(Limits)),
     *(
         Setting(

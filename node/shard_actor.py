@@ -36,10 +36,14 @@ class ShardActor:
         *,
         send: Callable[[str, object], object],
         on_slot_changes: Callable[[list[SlotChange]], None] = lambda changes: None,
+        keep_era: Callable[[int], None] = lambda era: None,
         clock: Clock = TRIO_CLOCK,
     ) -> None:
         self.shard = shard
         self._send = send
+        # Keeps the era on disk (node/state_file.py) before a message of it leaves.
+        self._keep_era = keep_era
+        self._kept_era = 0
         self._on_slot_changes = on_slot_changes
         self._clock = clock
         self._ids = itertools.count(1)
@@ -139,6 +143,10 @@ class ShardActor:
             if asker is not None:
                 answers, key = asker
                 answers.answered(key, done.result, done.error)
+        era = shard.ownership.kept_era
+        if era > self._kept_era:
+            self._keep_era(era)
+            self._kept_era = era
         for member, message in shard.outbox():
             self._send(member, message)
         changes = shard.slot_changes()
