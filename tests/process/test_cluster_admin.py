@@ -154,3 +154,33 @@ def test_members_killed_and_replaced_under_new_ids_are_forgotten_and_the_cluster
         assert all(member_state(n, d) == "forgotten" for n in live for d in dead)
         wait_until(lambda: all(is_ready(n.url) for n in live), 20, "the three live ready")
         assert all(new_peer(n) == 200 for n in live)
+
+
+@pytest.mark.process
+def test_a_member_restarted_while_another_is_down_serves_once_the_down_one_is_forgotten(tmp_path):
+    """A rolling restart with one member of three down: the restarted member's new life has
+    lost its memory, and the down member's is out of reach, so it cannot read what a quorum
+    with its previous life committed (docs/cluster.md, "Availability"). The operator forgets
+    the down member; the two left recover from each other and serve, and the down member, back
+    under its own id, is a member again."""
+    env = {"SLUICEGATE_CLUSTER_SECRET": SECRET}
+    with cluster_of(tmp_path, CONFIG, env) as nodes:
+        n1, n2, n3 = nodes
+        assert new_peer(n1) == 200
+        n3.kill()
+        wait_until(lambda: member_state(n1, "n3") == "down", 15, "n1 counts n3 down")
+        n2.kill()
+        n2.restart()
+        wait_until(lambda: member_state(n2, "n1") == "up", 20, "n2's new life hears n1")
+        wait_until(lambda: new_peer(n1) == 503, 20, "n1 alone cannot commit")
+        assert not is_ready(n2.url), "n2 cannot recover from n1 alone while n3 counts"
+
+        done = admin(n1.url, "forget", "n3")
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_until(lambda: is_ready(n1.url) and is_ready(n2.url), 20, "n1 and n2 ready")
+        assert new_peer(n1) == 200 and new_peer(n2) == 200
+
+        n3.restart()
+        wait_until(lambda: all(is_ready(n.url) for n in nodes), 30, "all three ready")
+        assert all(member_state(n1, m) == "up" for m in ("n2", "n3"))
+        assert new_peer(n3) == 200
