@@ -143,8 +143,15 @@ class Node:
                 ClusterCollector(parts.membership_actor, parts.links, self.semaphores)
             )
         else:
-            # Fencing tokens continue above this node's previous life: its start orders them.
-            core = SemaphoreCore(config.semaphores, epoch=seams.epoch(), limits=limits)
+            # Fencing tokens continue above this node's previous life: its start orders them,
+            # and the epoch it kept, with a state directory, whatever the clock says now.
+            epoch = seams.epoch()
+            if cluster.state_dir:
+                state = StateFile(Path(cluster.state_dir))
+                kept = state.read()
+                epoch = max(epoch, kept.era + 1)
+                state.write(Kept(epoch, kept.generation))
+            core = SemaphoreCore(config.semaphores, epoch=epoch, limits=limits)
             self._actor = SemaphoreActor(core, rng=rng, limits=limits)
             self.semaphores = LocalSemaphores(self._actor, limits)
         if config.rate_limits:  # none configured: /metrics stays exactly Throttle's

@@ -1,9 +1,9 @@
 """What a node keeps on disk across its lives, when `[cluster] state_dir` names a directory:
-the largest era it entered or accepted a cold start of, and the generation of its last life.
-Its next life's cold start goes above that era, so fencing tokens rise across a cold start of
-the whole cluster whatever the clocks say, and its next generation is larger, so its new life
-is told from the old one even after the wall clock stepped back (docs/cluster.md, "Eras across
-cold starts").
+the largest era it entered or accepted a cold start of (a single node: the fencing epoch of
+its last life), and the generation of its last life. Its next life's cold start goes above
+that era, so fencing tokens rise across a cold start of the whole cluster whatever the clocks
+say, and its next generation is larger, so its new life is told from the old one even after
+the wall clock stepped back (docs/cluster.md, "Eras across cold starts").
 
 The era is written, and synced, before anything that says this life is in it leaves the node.
 Memory stays the only store of everything else: locks and leases are rebuilt from quorums and

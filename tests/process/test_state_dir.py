@@ -11,7 +11,7 @@ import pytest
 
 from sluicegate.cluster.semaphore_leases import TOKEN_EPOCH_SHIFT
 from sluicegate.node.state_file import Kept, StateError, StateFile
-from tests.nodes import cluster_of, is_ready, refusal_to_start, wait_until
+from tests.nodes import NodeProcess, cluster_of, is_ready, refusal_to_start, wait_until
 
 SECRET = "state-dir-test-secret-0123456789"
 CONFIG = '[semaphores]\nA = 1\n[cluster]\ndown_after = "1s"\ngossip_interval = "200ms"\n'
@@ -91,3 +91,17 @@ def test_a_state_dir_the_node_cannot_use_is_refused_at_start(tmp_path):
     missing = tmp_path / "missing"
     text = f'[cluster]\nsecret = "{SECRET}"\nstate_dir = "{missing}"\n'
     assert f"cluster.state_dir: {missing} is not a directory" in refusal_to_start(text, tmp_path)
+
+
+@pytest.mark.process
+def test_a_single_node_goes_on_above_the_epoch_it_kept(tmp_path):
+    (state := tmp_path / "state").mkdir()
+    config = f'[semaphores]\nA = 1\n[cluster]\nstate_dir = "{state}"\n'
+    with NodeProcess(config, workdir=tmp_path / "node") as node:
+        first = wait_until_granted(node.url)
+        assert StateFile(state).read().era == first >> TOKEN_EPOCH_SHIFT
+        node.kill()
+        ahead = (first >> TOKEN_EPOCH_SHIFT) + 3 * 3600 * 1000
+        StateFile(state).write(Kept(ahead, 0))
+        node.restart()
+        assert wait_until_granted(node.url) > (ahead << TOKEN_EPOCH_SHIFT)
