@@ -106,6 +106,13 @@ class TrioClock:
 TRIO_CLOCK: Clock = TrioClock()
 
 
+# What reading two clocks one after the other, or rounding, may put between them (a simulated
+# clock at another rate computes its time from trio's): not a step. Taken for one, it moved
+# `SteadyWall` off the time of day by a few ulps, and a window's edge with it, which a waiter
+# then chased in ever smaller sleeps.
+ROUNDING = 1e-6
+
+
 class SteadyWall:
     """The time of day without its steps: what a node's rate limits decide on.
 
@@ -135,7 +142,7 @@ class SteadyWall:
         now, wall = self._clock.now(), self._wall()
         if self._then is not None:
             elapsed, walked = now - self._then[0], wall - self._then[1]
-            if abs(walked - elapsed) > self._slew * elapsed:
+            if abs(walked - elapsed) > self._slew * elapsed + ROUNDING:
                 self._offset += elapsed - walked  # a step: go on at the node clock's rate
         self._then = (now, wall)
         return wall + self._offset

@@ -3,6 +3,8 @@ without its steps."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sluicegate.node.clock import SteadyWall
@@ -52,3 +54,15 @@ def test_it_never_runs_backward():
         node.at += node_step
         readings.append(steady.now())
     assert readings == sorted(readings)
+
+
+def test_rounding_between_two_clocks_is_no_step():
+    """A clock at another rate computed from the time of day (as a simulated one is) rounds
+    differently at every reading; a waiter's sleeps at a window's edge read it an ulp apart."""
+    wall = [4.0 - 1e-12]
+    node = Ticking(0.0)
+    steady = SteadyWall(node, lambda: wall[0])
+    for _ in range(200):
+        wall[0] = math.nextafter(wall[0], math.inf)
+        node.at = 0.3 + (wall[0] - 0.3) * 1.01
+        assert steady.now() == wall[0]
