@@ -436,7 +436,7 @@ def restart_behind_a_slow_quorum(seed: int, pick: int = 0) -> tuple[Model, int, 
     owner.core.write(slot, [PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)], [], now)
     owner.core.gate.hold((slot, key))
     model._after(owner, now)
-    writer = owner.core._owned[slot].writer
+    writer = owner.core.leases.owned[slot].writer
     assert writer is not None
     while writer._held.get(x, 0) < writer.version:
         model.run_until(model.t + 0.0005)

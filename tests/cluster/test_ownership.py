@@ -10,7 +10,9 @@ import random
 
 import pytest
 
+from sluicegate.cluster import acceptor as acceptor_module
 from sluicegate.cluster import ownership as ownership_module
+from sluicegate.cluster import placement as placement_module
 from sluicegate.cluster.ownership import (
     ColdAnswer,
     ColdStart,
@@ -118,10 +120,10 @@ def test_a_lease_a_tenth_longer_than_the_rule_allows_is_caught(monkeypatch):
 def test_the_model_catches_planted_bugs(monkeypatch, plant):
     if plant == "acceptors ignore leases":
         monkeypatch.setattr(
-            ownership_module._Acceptor, "leased_to_other", lambda self, member, now: False
+            acceptor_module.SlotAcceptor, "leased_to_other", lambda self, member, now: False
         )
     elif plant == "a quorum one short":
-        monkeypatch.setattr(ownership_module, "quorum_of", lambda voters: len(voters) // 2)
+        monkeypatch.setattr(placement_module, "quorum_of", lambda voters: len(voters) // 2)
     else:
         monkeypatch.setattr(
             ownership_module,
@@ -181,7 +183,7 @@ def test_a_restarted_node_recovers_the_era_and_what_its_old_life_held():
     for slot, keys in committed.items():
         # The model's writes only add records: whatever was committed before the crash is in
         # the copy the new life recovered (or in a later one of the slot).
-        copy = {r.key for r in life.core._acceptors[slot].copy.records(0.0)}
+        copy = {r.key for r in life.core.acceptor.slots[slot].copy.records(0.0)}
         assert keys <= copy, f"slot {slot} lost committed writes in the recovered copy"
     assert model.violations == [] and model.serving() == []
 
@@ -317,9 +319,9 @@ def test_a_larger_era_seen_drops_what_an_older_one_left():
     core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
     core._become_ready(7, 0.0, cold=True)
     core.receive("n2", Accept(3, Ballot(7, 1, "n2"), 1, True, [record(1)], []), 0.1)
-    assert len(core._acceptors[3].copy) == 1
+    assert len(core.acceptor.slots[3].copy) == 1
     core.receive("n3", Prepare(4, Ballot(8, 1, "n3")), 0.2)
-    assert core.era == 8 and len(core._acceptors[3].copy) == 0
+    assert core.era == 8 and len(core.acceptor.slots[3].copy) == 0
 
 
 # -- pieces ----------------------------------------------------------------------------------
@@ -352,14 +354,14 @@ def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
     core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n3": 1}, {"n1", "n2", "n3"}, 0.0)  # alone: it prepares nothing
     core.receive("n1", Prepare(3, Ballot(5, 1, "n1")), 0.0)  # leased to n1 until 1.0
-    core._prepare(3, 0.9)
+    core.leases.prepare(3, core.era, 0.9)
     core._drain(0.9)  # refused by its own acceptor: one answer of a quorum of two
-    ballot = core._owned[3].ballot
+    ballot = core.leases.owned[3].ballot
     core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.95)
-    asks_again_at = core._owned[3].ask_again_at
+    asks_again_at = core.leases.owned[3].ask_again_at
     assert asks_again_at <= 0.95 + 0.1 * 1.1
     core.tick(asks_again_at)
-    assert 3 not in core._owned and core._retry_at[3] == asks_again_at
+    assert 3 not in core.leases.owned and core.leases.retry_at[3] == asks_again_at
 
 
 def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum():
@@ -369,14 +371,14 @@ def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum()
     core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
     core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
-    core._prepare(3, 0.0)
+    core.leases.prepare(3, core.era, 0.0)
     core._drain(0.0)
-    ballot = core._owned[3].ballot
+    ballot = core.leases.owned[3].ballot
     core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.01)
     core.receive("n3", Refuse(3, ballot, Ballot(5, 1, "n1"), 0.5, "n1"), 0.01)
-    assert core._owned[3].phase == "preparing"
+    assert core.leases.owned[3].phase == "preparing"
     core.receive("n4", Promise(3, ballot, NO_BALLOT, 0, []), 0.02)
-    assert core._owned[3].phase == "writing" and core._owned[3].ballot == ballot
+    assert core.leases.owned[3].phase == "writing" and core.leases.owned[3].ballot == ballot
 
 
 def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
@@ -457,7 +459,7 @@ def test_an_owner_writes_again_once_its_acceptors_words_are_half_spent():
         "an empty write, as version 3, to every other voter"
     )
     core.receive("n3", Accepted(0, ballot, 3), 0.7)
-    assert core._owned[0].writer.committed(core.voters, 0.7) == 3
+    assert core.leases.owned[0].writer.committed(core.voters, 0.7) == 3
 
 
 def test_a_new_life_reads_the_others_only_once_its_quarantine_is_over():

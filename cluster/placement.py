@@ -1,0 +1,122 @@
+"""Who should take each slot, and where to send what a slot needs (docs/cluster.md, "O1: ballots
+and leases", "New lives, and a cold start", "Routing").
+
+The ring names a live member for each slot, over the members that are not recovering: a member
+back from a crash before its old leases ran out would otherwise keep its slots from everyone
+until its own recovery ends, a lease and more later. What a member sent last says whether it
+recovers (`FROM_RECOVERING`).
+
+Pure: `now` comes in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+
+from .ownership_messages import (
+    Accept,
+    Accepted,
+    ColdStart,
+    ColdStarted,
+    Prepare,
+    Promise,
+    Recover,
+    Refuse,
+    Renew,
+    Renewed,
+    Resign,
+)
+from .replication import quorum as quorum_of
+from .ring import Ring
+from .slots import SLOTS, slot_owners
+
+# What a message says of its sender: True, its life is recovering (it answers as no acceptor
+# yet); False, it is ready (only a ready life sends these). `RecoverReply` and `ColdAnswer`
+# say which themselves.
+FROM_RECOVERING: dict[type, bool] = {
+    Recover: True,
+    ColdStart: True,
+    ColdStarted: False,
+    Prepare: False,
+    Promise: False,
+    Refuse: False,
+    Renew: False,
+    Renewed: False,
+    Resign: False,
+    Accept: False,
+    Accepted: False,
+}
+
+
+class Placement:
+    """The members as this node sees them, the ring over them, and routing hints."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        # Live members: id -> life.
+        self.live: dict[str, int] = {}
+        # Members whose life is recovering, by what they sent last (`FROM_RECOVERING`).
+        self.recovering: set[str] = set()
+        # Members not gone for good: their acceptors make the quorums.
+        self.voters: frozenset[str] = frozenset({me})
+        self.quorum = 1
+        # Per slot, the member the ring names (who should take it).
+        self.ring_owners: list[str | None] = [None] * SLOTS
+        # The slots the ring names this node for, while it can take them.
+        self.mine: list[int] = []
+        # Slot -> the member an acceptor that refused this node said holds its lease, and until
+        # when (for routing only).
+        self.lessees: dict[int, tuple[str, float]] = {}
+
+    def members_changed(self, live: Mapping[str, int], voters: Collection[str]) -> None:
+        self.live = dict(live)
+        self.voters = frozenset(voters) | {self.me}
+        self.quorum = quorum_of(self.voters)
+
+    def heard(self, sender: str, recovering: bool) -> bool:
+        """`sender`'s life recovers (or is ready): did that change?"""
+        if (sender in self.recovering) == recovering:
+            return False
+        if recovering:
+            self.recovering.add(sender)
+        else:
+            self.recovering.discard(sender)
+        return True
+
+    def designate(self, ready: bool) -> list[int]:
+        """Name a live member for each slot: the ring over those not recovering (this node
+        too, while it recovers: what it is asked meanwhile goes to those that can act). Returns
+        the slots newly this node's."""
+        named = self.live.keys() - self.recovering
+        if not ready and named - {self.me}:
+            named -= {self.me}
+        self.ring_owners = slot_owners(Ring(named))
+        # Only a quorum of live members can take a slot: alone, this node names itself for
+        # every slot, and would ask for all of them in vain.
+        before = set(self.mine)
+        if len(self.live.keys() & self.voters) >= self.quorum:
+            self.mine = [s for s, owner in enumerate(self.ring_owners) if owner == self.me]
+        else:
+            self.mine = []
+        return [slot for slot in self.mine if slot not in before]
+
+    def heard_lessee(self, slot: int, lessee: str, until: float) -> None:
+        self.lessees[slot] = (lessee, until)
+
+    def actor_of(self, slot: int, acting: bool, lease_holder: str | None, now: float) -> str | None:
+        """Where to send what `slot` needs: this node if it acts for it (`acting`); else, the
+        holder of the lease this node's acceptor promised, while it runs (`lease_holder`);
+        else the lessee a refusal named, while its lease runs; else the member the ring names
+        (it is taking the slot, or will). Never this node for a lease it heard of but does not
+        act under: that is its own prepare, which did not win (or whose lease it let go), and
+        serving here would answer 503 while another member acts (docs/cluster.md,
+        "Routing")."""
+        if acting:
+            return self.me
+        if lease_holder != self.me and lease_holder in self.live:
+            return lease_holder
+        lessee, until = self.lessees.get(slot, (None, -math.inf))
+        if lessee != self.me and lessee in self.live and now < until:
+            return lessee
+        return self.ring_owners[slot]
