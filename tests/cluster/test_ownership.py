@@ -1,5 +1,5 @@
-"""Ownership of slots (`cluster/ownership.py`) and quorum writes (`cluster/replication.py`),
-without trio or sockets: the invariants of docs/cluster.md checked by
+"""Ownership of slots (`cluster/ownership.py` and its parts) and quorum writes
+(`cluster/replication.py`), without trio or sockets: the invariants of docs/cluster.md checked by
 `tests/cluster/ownership_model.py` under loss, repeats, partitions one and two ways, pauses,
 crashes and skewed clocks, with planted bugs to show the checks have teeth; then the pieces one
 by one."""
