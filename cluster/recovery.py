@@ -11,19 +11,18 @@ proposal a quorum accepted makes its acceptors ready in that era, empty. Decisio
 seconds from the start, to learn the voters first, unless the membership heard from every
 member it knows of (`knows_the_voters`).
 
-`Recovery.step` decides, the first rule that holds winning:
+`Recovery.step` first ends a life that accepted a cold start that won (`ColdStarted`): it is
+ready in that era, empty, once it knows the voters (`StartCold`). Otherwise it asks every voter
+it has not read yet (`Recover`), and the first of `RULES` whose condition holds decides:
 
-| the life                                         | it                                     |
-|--------------------------------------------------|----------------------------------------|
-| accepted a cold start that won (`ColdStarted`)   | is ready in its era, empty, once it    |
-|                                                  | knows the voters (`StartCold`)         |
-| (any time) has not read a member                 | asks it (`Recover`), every             |
-|                                                  | `RECOVER_RETRY`                        |
-| waits to learn the voters, or in quarantine      | waits                                  |
-| read n − q + 1 ready members                     | adopts what they hold (`Recovered`)    |
-| proposed, and a quorum accepted                  | is ready in the new era (`ColdWon`)    |
-| proposed                                         | waits for answers                      |
-| hears a quorum (with itself) has nothing         | proposes an era, smallest id first     |
+| condition          | the life                                                             |
+|--------------------|----------------------------------------------------------------------|
+| `_settling`        | waits: it learns the voters first                                    |
+| `_in_quarantine`   | waits: a lease of its previous life may run                          |
+| `_read_enough`     | adopts what n − q + 1 ready others hold (`Recovered`)                |
+| `_proposed`        | once a quorum accepted its proposal, starts its era (`ColdWon`)      |
+| `_too_few_blank`   | waits: fewer than a quorum are new lives with nothing                |
+| `_always`          | proposes an era above every floor it heard of (`ColdStart`)          |
 
 Pure: `now` comes in; messages go out through the `Mailbox`, decisions come back as values.
 """
@@ -79,6 +78,18 @@ class _Reading:
         self.accepted_by: set[str] = set()
         # No proposal before then (a larger one was accepted elsewhere: let it win).
         self.propose_after = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class _Heard:
+    """What a step of recovery goes by: the voters and a quorum of them, the others, those
+    read (`Recovery._reads`), and those that answered as a new life with nothing."""
+
+    voters: frozenset[str]
+    quorum: int
+    others: list[str]
+    read: list[str]
+    blank: list[str]
 
 
 # -- decisions ------------------------------------------------------------------------------
@@ -170,7 +181,7 @@ class Recovery:
         return started is not None and answer.accepted == answer.proposal == started
 
     def step(self, voters: frozenset[str], quorum: int, now: float) -> Decision | None:
-        """Ask, read and decide (the table above)."""
+        """Ask, read and decide (the table above, `RULES`)."""
         if self._cold_started is not None and self._cold_started == self.accepted_cold:
             # Ready only once it knows the voters: with members it had not heard of yet, it
             # would count a quorum of them alone.
@@ -180,69 +191,66 @@ class Recovery:
         reading = self._reading
         assert reading is not None  # it recovers until it is ready
         others = sorted(voters - {self.me})
+        read = [m for m in others if (r := reading.replies.get(m)) and self._reads(r)]
+        blank = [m for m in others if (r := reading.replies.get(m)) and not r.ready]
+        heard = _Heard(voters, quorum, others, read, blank)
+        self._ask(reading, heard, now)
+        for holds, then in RULES:
+            if holds(self, heard, now):
+                return then(self, heard, now)
+        return None
+
+    def _ask(self, reading: _Reading, heard: _Heard, now: float) -> None:
+        """A member just learned of is asked at once, the rest every `RECOVER_RETRY` until
+        read, and those that sent their copies too early again once the quarantine is over."""
         again = now >= self.recover_at
         if again:
             self.recover_at = now + RECOVER_RETRY
             self._deadline_moved()
-        read = [m for m in others if (r := reading.replies.get(m)) and self._reads(r)]
-        for member in others:
+        for member in heard.others:
             reply = reading.replies.get(member)
-            # A member just learned of is asked at once, the rest every `RECOVER_RETRY`, and
-            # those that sent their copies too early again once the quarantine is over.
             last_asked = reading.asked.get(member, (0, now))[1]
             early = reply is not None and reply.ready and last_asked < self.quarantine_until <= now
-            if (again or member not in reading.asked or early) and member not in read:
+            if (again or member not in reading.asked or early) and member not in heard.read:
                 nonce = self._rng.getrandbits(63)
                 reading.asked[member] = (nonce, now)
                 self._mail.send(member, Recover(nonce))
-        if now < self.settle_until:
-            return None
-        need = quorum
-        blank = [m for m in others if (r := reading.replies.get(m)) and not r.ready]
-        # The quarantine waits out leases the previous life promised to a member acting on
-        # them; with every voter known and a new life with nothing, none acts (docs/cluster.md).
-        if now < self.quarantine_until and not (self.voters_known and len(blank) == len(others)):
-            return None
-        # Any quorum that held the previous life holds at least `need - 1` of the others, so
-        # this many ready others share a member with it (docs/cluster.md).
-        if read and len(read) >= len(voters) - need + 1:
-            return self._adopt(read)
-        if reading.proposal is not None:
-            if len(reading.accepted_by & voters) >= need:
-                self.started_cold = reading.proposal
-                return ColdWon(reading.proposal, frozenset(reading.accepted_by))
-            return None
-        if len(blank) + 1 < need:
-            return None
-        if reading.propose_after == -math.inf:
-            # The smallest id proposes first, the others only if it has not won meanwhile:
-            # proposals of all at once split the acceptors, and none may win.
-            rank = sorted([*blank, self.me]).index(self.me)
-            reading.propose_after = now + rank * RECOVER_RETRY
-        if now >= reading.propose_after:
-            eras = [reply.era for reply in reading.replies.values()]
-            era = max(self._era_floor, self.accepted_cold.era, *eras) + 1
-            reading.proposal = Ballot(era, 0, self.me)
-            self.accepted_cold = reading.proposal
-            reading.accepted_by = {self.me}
-            for member in others:
-                self._mail.send(member, ColdStart(reading.proposal))
+
+    # -- the rules' conditions ---------------------------------------------------------------
+
+    def _settling(self, heard: _Heard, now: float) -> bool:
+        return now < self.settle_until
+
+    def _in_quarantine(self, heard: _Heard, now: float) -> bool:
+        """The quarantine waits out leases the previous life promised to a member acting on
+        them; with every voter known and a new life with nothing, none acts
+        (docs/cluster.md)."""
+        nobody_acts = self.voters_known and len(heard.blank) == len(heard.others)
+        return now < self.quarantine_until and not nobody_acts
+
+    def _read_enough(self, heard: _Heard, now: float) -> bool:
+        """Any quorum that held the previous life holds at least `quorum - 1` of the others,
+        so this many ready others share a member with it (docs/cluster.md)."""
+        return bool(heard.read) and len(heard.read) >= len(heard.voters) - heard.quorum + 1
+
+    def _proposed(self, heard: _Heard, now: float) -> bool:
+        return self._reading is not None and self._reading.proposal is not None
+
+    def _too_few_blank(self, heard: _Heard, now: float) -> bool:
+        return len(heard.blank) + 1 < heard.quorum
+
+    def _always(self, heard: _Heard, now: float) -> bool:
+        return True
+
+    # -- the rules' actions ------------------------------------------------------------------
+
+    def _wait(self, heard: _Heard, now: float) -> None:
         return None
 
-    def announce(self, won: ColdWon) -> None:
-        for member in sorted(won.accepted_by - {self.me}):
-            self._mail.send(member, ColdStarted(won.proposal))
-
-    def _reads(self, reply: _Reply) -> bool:
-        """Does `reply` count in the recovery read? Only a whole copy from a ready member,
-        asked for once the quarantine was over: a quorum that held this member's previous
-        life may still be forming before then, its other members not yet holding what they
-        will have accepted (docs/cluster.md, "Which life a vote belongs to")."""
-        return reply.ready and reply.complete and reply.asked_at >= self.quarantine_until
-
-    def _adopt(self, ready: list[str]) -> Recovered:
+    def _adopt(self, heard: _Heard, now: float) -> Recovered:
+        """Per slot, the largest promise and the latest copy of the largest era read."""
         assert self._reading is not None
-        replies = [self._reading.replies[member] for member in ready]
+        replies = [self._reading.replies[member] for member in heard.read]
         era = max(reply.era for reply in replies)
         best: list[SlotImage | None] = [None] * SLOTS
         promised = [NO_BALLOT] * SLOTS
@@ -256,6 +264,42 @@ class Recovery:
                 ):
                     best[image.slot] = image
         return Recovered(era, promised, best)
+
+    def _count_acceptances(self, heard: _Heard, now: float) -> ColdWon | None:
+        reading = self._reading
+        assert reading is not None and reading.proposal is not None
+        if len(reading.accepted_by & heard.voters) >= heard.quorum:
+            self.started_cold = reading.proposal
+            return ColdWon(reading.proposal, frozenset(reading.accepted_by))
+        return None
+
+    def _propose(self, heard: _Heard, now: float) -> None:
+        """The smallest id proposes first, the others only if it has not won meanwhile:
+        proposals of all at once split the acceptors, and none may win."""
+        reading = self._reading
+        assert reading is not None
+        if reading.propose_after == -math.inf:
+            rank = sorted([*heard.blank, self.me]).index(self.me)
+            reading.propose_after = now + rank * RECOVER_RETRY
+        if now >= reading.propose_after:
+            eras = [reply.era for reply in reading.replies.values()]
+            era = max(self._era_floor, self.accepted_cold.era, *eras) + 1
+            reading.proposal = Ballot(era, 0, self.me)
+            self.accepted_cold = reading.proposal
+            reading.accepted_by = {self.me}
+            for member in heard.others:
+                self._mail.send(member, ColdStart(reading.proposal))
+
+    def announce(self, won: ColdWon) -> None:
+        for member in sorted(won.accepted_by - {self.me}):
+            self._mail.send(member, ColdStarted(won.proposal))
+
+    def _reads(self, reply: _Reply) -> bool:
+        """Does `reply` count in the recovery read? Only a whole copy from a ready member,
+        asked for once the quarantine was over: a quorum that held this member's previous
+        life may still be forming before then, its other members not yet holding what they
+        will have accepted (docs/cluster.md, "Which life a vote belongs to")."""
+        return reply.ready and reply.complete and reply.asked_at >= self.quarantine_until
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -307,3 +351,17 @@ class Recovery:
             self._cold_started = proposal
             return True
         return False
+
+
+Condition = Callable[[Recovery, _Heard, float], bool]
+Action = Callable[[Recovery, _Heard, float], Decision | None]
+
+# What a recovering life does once it asked: the first rule whose condition holds decides.
+RULES: tuple[tuple[Condition, Action], ...] = (
+    (Recovery._settling, Recovery._wait),
+    (Recovery._in_quarantine, Recovery._wait),
+    (Recovery._read_enough, Recovery._adopt),
+    (Recovery._proposed, Recovery._count_acceptances),
+    (Recovery._too_few_blank, Recovery._wait),
+    (Recovery._always, Recovery._propose),
+)
