@@ -124,6 +124,9 @@ Decision = StartCold | ColdWon | Recovered
 
 
 class Recovery:
+    """A new life's quarantine, recovery read and cold start, and what it keeps of them once
+    ready: the cold starts it accepted and started (`kept_era`, late `ColdAnswer`s)."""
+
     def __init__(
         self,
         me: str,

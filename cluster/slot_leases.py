@@ -87,6 +87,8 @@ class LeaseRound:
 
 
 class SlotLeases:
+    """The slots this node takes, holds and gives up, under its own ballots and leases."""
+
     def __init__(
         self,
         me: str,
@@ -113,6 +115,7 @@ class SlotLeases:
         self._events = events
         self._deadline_moved = deadline_moved
         self._choose_copy = choose_copy
+        # The slots this node takes or holds.
         self.owned: dict[int, OwnedSlot] = {}
         # Per slot, the largest ballot seen anywhere: a new one goes above it.
         self.seen = [NO_BALLOT] * SLOTS
@@ -124,9 +127,12 @@ class SlotLeases:
         self._awaiting_previous: set[int] = set()
         # Slots to resign once their writes are committed.
         self._to_resign: set[int] = set()
+        # The lease rounds sent within the last lease, by number; the last number; when the
+        # next round goes.
         self._rounds: dict[int, LeaseRound] = {}
         self._next_round = 0
         self._renew_at = -math.inf
+        # What waits for this node's writes to be committed.
         self.gate: CommitGate = CommitGate()
         # This node stops: it resigns every slot (once its writes are committed) and takes none.
         self.leaving = False
