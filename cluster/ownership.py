@@ -301,9 +301,9 @@ class Ownership:
         _HANDLERS[type(message)](self, sender, message, now)
 
     def _on_prepare(self, sender: str, message: Prepare, now: float) -> None:
-        self._prepared(sender, message.slot, message.ballot, now)
+        self._answer_prepare(sender, message.slot, message.ballot, now)
 
-    def _prepared(self, sender: str, slot: int, ballot: Ballot, now: float) -> None:
+    def _answer_prepare(self, sender: str, slot: int, ballot: Ballot, now: float) -> None:
         if not self.ready:
             self.recovery.early_prepares[sender, slot] = ballot
             return
@@ -321,6 +321,8 @@ class Ownership:
         if not self.ready:
             return
         ballots = [Ballot(renew.era, n, sender) for n in renew.numbers]
+        # The ballots of a renewal are of one era: a larger one starts at the first seen,
+        # before the acceptor answers for any slot.
         for slot, ballot in zip(renew.slots, ballots, strict=True):
             self._see(slot, ballot, now)
         self._mail.send(sender, self.acceptor.renew(renew.round, renew.slots, ballots, now))
@@ -433,7 +435,7 @@ class Ownership:
         the promises they need, members of the same cold start more than a second apart."""
         early, self.recovery.early_prepares = self.recovery.early_prepares, {}
         for (sender, slot), ballot in sorted(early.items()):
-            self._prepared(sender, slot, ballot, now)
+            self._answer_prepare(sender, slot, ballot, now)
 
     def _drain(self, now: float) -> None:
         local = self._mail.local
