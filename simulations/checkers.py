@@ -52,7 +52,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
         *rate_retries_once(history, config),
         *rate_limits(history, config, quiet),
         *rate_leases(history, config),
-        *committed_writes_survive(history.servers),
+        *committed_writes_survive(history.servers, since=_first_whole(history.events)),
         *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
         *[
             f"[exception] {e.at:.4f}: a task of {e.who} raised {e.detail}"
@@ -60,6 +60,11 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
             if e.kind == "failure"
         ],
     ]
+
+
+def _first_whole(events: list[Event]) -> float:
+    """When the cluster was first whole (every node serving, all agreeing on the members)."""
+    return next((event.at for event in events if event.kind == "whole"), math.inf)
 
 
 def quiet_times(events: list[Event]) -> list[tuple[float, float]]:
@@ -600,29 +605,31 @@ def _node_lives(events: list[Event]):
     return lives
 
 
-def committed_writes_survive(servers: ServerLog) -> list[str]:
+def committed_writes_survive(servers: ServerLog, since: float = 0.0) -> list[str]:
     """O2 (docs/cluster.md), judged from every node life's records: a write that was committed
     (a quorum held it, so its owner's `CommitGate` let go of what it held back, a client's
     answer among them) is in the state every later owner of its slot gained (`Gained`).
 
-    For each gain under ballot G (in the same era; a cold start begins empty), the latest
-    committed version (b, v) of any ballot b < G must be there: each record it held, as it was,
-    and none it did not hold, but for the keys that the gained state holds as a later write
-    (b', v') > (b, v), b' < G, set or dropped them (written, maybe not committed, and adopted:
-    allowed)."""
+    For each gain under ballot G, the latest committed version (b, v) of any ballot b < G must
+    be there: each record it held, as it was, and none it did not hold, but for the keys that
+    the gained state holds as a later write (b', v') > (b, v), b' < G, set or dropped them
+    (written, maybe not committed, and adopted: allowed).
+
+    A new era (a cold start) begins empty, which is right only when a quorum of the voters
+    holds nothing. In a simulation only a minority loses its memory at once, so from the moment
+    the cluster was first whole (`since`), a write committed in an earlier era must survive into
+    the next too: a gain in a new era without it is a violation, cold or not."""
     violations = []
     by_slot: dict[int, list] = defaultdict(list)
     for writer in servers.writers.values():
         by_slot[writer.slot].append(writer)
     for gain in servers.gains:
-        if gain.cold:
-            continue
-        earlier = [
+        earlier = [w for w in by_slot[gain.slot] if w.ballot < gain.ballot]
+        committed = [
             w
-            for w in by_slot[gain.slot]
-            if w.ballot.era == gain.ballot.era and w.ballot < gain.ballot
+            for w in earlier
+            if w.committed >= 1 and (w.ballot.era == gain.ballot.era or w.committed_at >= since)
         ]
-        committed = [w for w in earlier if w.committed >= 1]
         if not committed:
             continue
         last = max(committed, key=lambda w: (w.ballot, w.committed))
@@ -660,10 +667,11 @@ def committed_writes_survive(servers: ServerLog) -> list[str]:
                 ([f"lacks or differs in {' '.join(missing[:4])}"] if missing else [])
                 + ([f"has {' '.join(extra[:4])} it never held"] if extra else [])
             )
+            era = "" if last.ballot.era == gain.ballot.era else f", a new era ({gain.ballot.era})"
             violations.append(
                 f"[o2] {gain.at:.4f}: slot {gain.slot} gained by {node} (life {life}, ballot "
-                f"{gain.ballot.number}) without version {last.committed} of {owner}'s ballot "
-                f"{last.ballot.number} (life {owner_life}), committed at "
+                f"{gain.ballot.number}{era}) without version {last.committed} of {owner}'s "
+                f"ballot {last.ballot.number} (life {owner_life}), committed at "
                 f"{last.committed_at:.4f}: {what}"
             )
     return violations
