@@ -151,8 +151,8 @@ class SimNode:
             repeat=repeat,
         )
         self._node = node = Node(self.config, self.address, seams)
-        if self._servers is not None and node._cluster is not None:
-            self._servers.tap(self.node_id, self.generation, node._cluster.ownership)
+        if self._servers is not None and self.ownership is not None:
+            self._servers.tap(self.node_id, self.generation, self.ownership)
         self.app, self.rate_limits = node.app, node.rate_limits
         async with trio.open_nursery() as nursery:
             network.listen(
@@ -163,6 +163,12 @@ class SimNode:
             await nursery.start(node.run)
             self.membership, self.semaphores = node.membership, node.semaphores
             task_status.started()
+
+    @property
+    def ownership(self):
+        """This life's slot ownership (cluster/ownership.py), once the node is built."""
+        node = self._node
+        return node._cluster.ownership if node is not None and node._cluster is not None else None
 
     async def leave(self) -> None:
         """Stop as SIGTERM stops a node: the last changes streamed, a goodbye, then gone.

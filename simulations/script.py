@@ -212,9 +212,7 @@ class Stage:
 
     def _ownership(self, node_id: str):
         node = self.cluster.nodes[node_id]
-        if node.crashed or node._node is None or node._node._cluster is None:
-            return None
-        return node._node._cluster.ownership
+        return None if node.crashed else node.ownership
 
     def _note(self, text: str) -> None:
         self.history.note(text)
