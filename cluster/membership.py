@@ -173,6 +173,10 @@ class Membership:
             if entry.alive and entry.state.definitions != mine
         }
 
+    def has_seeds(self) -> bool:
+        """Has this node addresses of others to dial (listed, or found by DNS), besides its own?"""
+        return bool(self._seeds)
+
     def knows_the_cluster(self) -> bool:
         """Has this node heard from each of its seeds, and from every member any of them named,
         in its current life, its own gossip? Then it knows every member those know: waiting

@@ -247,6 +247,13 @@ class Ownership:
         self._designate()
         self.tick(now)
 
+    def expects_others(self, expected: bool) -> None:
+        """Whether this node has seeds to hear from (`Membership.has_seeds`): then, knowing
+        no other member yet, it is not alone but cut off, and starts no era by itself
+        (docs/cluster.md, "A life that knows nobody"). It only holds decisions back: the next
+        `tick` goes by it."""
+        self.recovery.expects_others = expected
+
     def knows_the_voters(self, now: float) -> None:
         """The membership heard from each seed and every member they named
         (`Membership.knows_the_cluster`): recovery decides without waiting out `settle`, and

@@ -18,6 +18,7 @@ it has not read yet (`Recover`), and the first of `RULES` whose condition holds 
 | condition          | the life                                                             |
 |--------------------|----------------------------------------------------------------------|
 | `_settling`        | waits: it learns the voters first                                    |
+| `_alone_but_seeded`| waits: it knows no other member, but has seeds to hear from          |
 | `_in_quarantine`   | waits: a lease of its previous life may run                          |
 | `_read_enough`     | adopts what n − q + 1 ready others hold (`Recovered`)                |
 | `_proposed`        | once a quorum accepted its proposal, starts its era (`ColdWon`)      |
@@ -152,6 +153,8 @@ class Recovery:
         self.settle_until = now + settle
         # The membership heard from every member it knows of (`knows_the_voters`).
         self.voters_known = False
+        # The node has seeds (`Ownership.expects_others`): knowing nobody, it waits for them.
+        self.expects_others = False
         self._reading: _Reading | None = _Reading()
         self.recover_at = now
         # The largest cold-start proposal this life accepted, the one it started, and one that
@@ -223,6 +226,12 @@ class Recovery:
 
     def _settling(self, heard: _Heard, now: float) -> bool:
         return now < self.settle_until
+
+    def _alone_but_seeded(self, heard: _Heard, now: float) -> bool:
+        """It knows no other member, but has seeds: it is cut off from a cluster, not the first
+        of one, and a cold start alone would be an era of its own that the others would take
+        up, empty, once they hear of it (docs/cluster.md, "A life that knows nobody")."""
+        return self.expects_others and not heard.others
 
     def _in_quarantine(self, heard: _Heard, now: float) -> bool:
         """The quarantine waits out leases the previous life promised to a member acting on
@@ -362,6 +371,7 @@ Action = Callable[[Recovery, _Heard, float], Decision | None]
 # What a recovering life does once it asked: the first rule whose condition holds decides.
 RULES: tuple[tuple[Condition, Action], ...] = (
     (Recovery._settling, Recovery._wait),
+    (Recovery._alone_but_seeded, Recovery._wait),
     (Recovery._in_quarantine, Recovery._wait),
     (Recovery._read_enough, Recovery._adopt),
     (Recovery._proposed, Recovery._count_acceptances),

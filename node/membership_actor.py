@@ -134,6 +134,10 @@ class MembershipActor:
         """Live members whose semaphore and rate-limit definitions differ from this node's."""
         return self._membership.drifted_members()
 
+    def has_seeds(self) -> bool:
+        """See `Membership.has_seeds`."""
+        return self._membership.has_seeds()
+
     def knows_the_cluster(self) -> bool:
         """Heard from each seed and every member they named (`Membership.knows_the_cluster`)."""
         return self._membership.knows_the_cluster()

@@ -182,6 +182,7 @@ class ClusterSemaphores:
         self._limits = limits
         self._members: tuple | None = None
         self._knows_the_cluster = False
+        self._seeded = False
         self.forwarded = 0
 
     @property
@@ -314,6 +315,10 @@ class ClusterSemaphores:
                 log.info("Members now: %s.", ", ".join(sorted(members[0])))
             self._members = members
             self._actor.members_changed(*members)
+        seeded = self._membership.has_seeds()
+        if seeded != self._seeded:
+            self._seeded = seeded
+            self._actor.expects_others(seeded)
         if not self._knows_the_cluster and self._membership.knows_the_cluster():
             self._knows_the_cluster = True
             self._actor.knows_the_voters()

@@ -98,6 +98,10 @@ class ShardActor:
         self.shard.members_changed(live, voters, self._clock.now())
         self._after()
 
+    def expects_others(self, expected: bool) -> None:
+        """Whether the node has seeds to hear from (`Ownership.expects_others`)."""
+        self.shard.ownership.expects_others(expected)
+
     def knows_the_voters(self) -> None:
         """The membership heard from every member it knows of (`Ownership.knows_the_voters`)."""
         self.shard.knows_the_voters(self._clock.now())

@@ -103,7 +103,7 @@ class Model:
         self.writes = 0
         self.gains = 0
         for node in self.ids if start is None else start:
-            self.start(node)
+            self.start(node, seeded=start is None or len(start) > 1)
         self._schedule(0.0, "probe")
 
     # -- running ----------------------------------------------------------------------------
@@ -120,7 +120,9 @@ class Model:
 
     # -- faults -----------------------------------------------------------------------------
 
-    def start(self, node: str) -> None:
+    def start(self, node: str, seeded: bool = True) -> None:
+        """A new life of `node`; `seeded`: it has seeds (every node but the first of a cluster
+        that grows from one)."""
         rate = self.rates.get(node, 1 + self.rng.uniform(-self.skew, self.skew))
         offset = self.rng.uniform(0, 1000)
         number = next(self._life_numbers)
@@ -133,6 +135,7 @@ class Model:
             rng=random.Random(self.rng.getrandbits(64)),
             now=life.local(self.t),
         )
+        life.core.expects_others(seeded)
         self.lives[node] = life
         self._schedule(self.t, "tick", node, number)
         self._schedule(self.t, "hello", node, number)

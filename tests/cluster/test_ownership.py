@@ -275,6 +275,33 @@ def test_two_of_three_restarted_at_once_start_a_new_era_within_a_bounded_time(se
     assert model.serving() == []
 
 
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_life_restarted_cut_off_from_every_member_starts_no_era_of_its_own(seeded):
+    """It knows no voter but itself: a cold start would be a quorum of one, an era the others
+    would take up, empty, once the cut heals (found by the overlap kind of the simulations).
+    With seeds it waits for them; only the first node of a cluster, which has none, may start
+    alone, and the planted case (`seeded=False`) shows the model sees what that costs."""
+    model = Model(12, start=["n1", "n2", "n3"])
+    model.run_until(5.0)
+    era = model.lives["n1"].core.era
+    model.crash("n2")
+    model.isolate("n2")
+    model.start("n2", seeded=seeded)
+    model.run_until(10.0)
+    n2 = model.lives["n2"]
+    if not seeded:
+        assert n2.core.ready and n2.core.era > era
+        model.heal()
+        model.run_until(20.0)
+        assert model.violations, "the others took up its era, empty"
+        return
+    assert not n2.core.ready
+    model.heal()
+    model.run_until(20.0)
+    assert n2.core.ready and n2.core.era == era
+    assert model.violations == [] and model.serving() == []
+
+
 def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
     core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
     core._become_ready(7, 0.0, cold=True)
