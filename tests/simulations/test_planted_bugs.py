@@ -21,10 +21,10 @@ CAUGHT = {
     "adopt-any-copy": (1, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "expiry-early": (24, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (2, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
-    "fifo-skipped-for-small-counts": (1, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
+    "fifo-skipped-for-small-counts": (2, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
     "duplicated-grant-on-retry": (2, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
     "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
-    "leased-keys-start-whole": (1, r"\[rate-lease\] [\d.]+: leased 'k\d' admitted \d+ from"),
+    "leased-keys-start-whole": (2, r"\[rate-lease\] [\d.]+: leased 'k\d' admitted \d+ from"),
     "tokens-shared-by-concurrent-holders": (
         0,
         r"\[tokens\] [\d.]+: token \d+ on B to \S+, and to \S+ before",
