@@ -189,6 +189,17 @@ class _Cluster:
         self._generations: Counter = Counter()
         self.ids = [f"n{i}" for i in range(1, nodes + 1)]
 
+    async def boot(self, nursery: trio.Nursery) -> None:
+        """Run the network and start every node; return once the cluster is whole."""
+        nursery.start_soon(self.network.run)
+        for node_id in self.ids:
+            await self.start(nursery, node_id)
+        with trio.fail_after(BOOT_TIMEOUT):
+            while not self.whole():
+                await trio.sleep(0.1)
+        self.history.note("cluster ready")
+        self.history.whole()
+
     async def start(self, nursery: trio.Nursery, node_id: str) -> SimNode:
         self._generations[node_id] += 1
         seeds = tuple(f"{other}:8000" for other in self.ids if other != node_id)
@@ -254,14 +265,7 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
         )
     resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(network.run)
-        for node_id in cluster.ids:
-            await cluster.start(nursery, node_id)
-        with trio.fail_after(BOOT_TIMEOUT):
-            while not cluster.whole():
-                await trio.sleep(0.1)
-        history.note("cluster ready")
-        history.whole()
+        await cluster.boot(nursery)
 
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
         if nodes > 3 and rng.random() < 0.5:

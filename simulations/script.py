@@ -46,8 +46,6 @@ from .network import SimNetwork
 from .run import CONFIG, _Cluster
 from .workload import EXPIRES_IN
 
-BOOT_TIMEOUT = 30.0
-
 
 class Stage:
     """A running cluster and the verbs of a fault schedule."""
@@ -237,14 +235,7 @@ async def _staged(script, seed: int, nodes: int, config: NodeConfig) -> History:
     network = SimNetwork()
     cluster = _Cluster(network, random.Random(seed), config, history, nodes)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(network.run)
-        for node_id in cluster.ids:
-            await cluster.start(nursery, node_id)
-        with trio.fail_after(BOOT_TIMEOUT):
-            while not cluster.whole():
-                await trio.sleep(0.1)
-        history.note("cluster ready")
-        history.whole()
+        await cluster.boot(nursery)
         await script(Stage(cluster, nursery, seed))
         nursery.cancel_scope.cancel()
     return history
