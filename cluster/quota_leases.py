@@ -50,7 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from .rate_algorithms import RATE_RATIO, Decision
+from .rate_algorithms import Decision
+from .slots import DRIFT_RATIO
 
 # The algorithms a limiter in lease mode may use, and how long a slice lasts unless configured.
 LEASE_ALGORITHMS = ("token_bucket", "gcra", "fixed_window")
@@ -428,7 +429,7 @@ class LeaseAlgorithm:
         raise TypeError("lease-mode keys are not handed over")
 
     def from_values(
-        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+        self, values: tuple[float, ...], now: float, ratio: float = DRIFT_RATIO
     ) -> KeyLeases:
         raise TypeError("lease-mode keys are not handed over")
 

@@ -43,15 +43,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from .slots import DRIFT
+from .slots import DRIFT_RATIO
 
 # The shortest wait a sorry asks for: "any moment now" (a microsecond).
 SOON = 1e-6
-# The most one node's clock can run faster than another's: each is within DRIFT of real time.
-RATE_RATIO = (1 + DRIFT) / (1 - DRIFT)
 
 
-def received(offset: float, ratio: float = RATE_RATIO) -> float:
+def received(offset: float, ratio: float = DRIFT_RATIO) -> float:
     """An instant `offset` seconds after a state was sent (before, if negative), as its receiver
     places it: `offset` seconds after the state arrived, by the receiver's clock, made later.
 
@@ -98,7 +96,7 @@ class TokenBucket:
         return (float(self._tokens_at(state, now)), float(max(0.0, state.stamp - now)))
 
     def from_values(
-        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+        self, values: tuple[float, ...], now: float, ratio: float = DRIFT_RATIO
     ) -> _BucketState:
         return _BucketState(values[0], now + received(values[1], ratio))
 
@@ -166,7 +164,7 @@ class _Windows:
         return (float(end), float(state.count), float(state.previous))
 
     def from_values(
-        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+        self, values: tuple[float, ...], now: float, ratio: float = DRIFT_RATIO
     ) -> _WindowState:
         end = now + received(values[0], ratio)
         if ratio == 1.0:
@@ -246,7 +244,7 @@ class SlidingLog:
         return tuple(float(at - now) for at in state.times)
 
     def from_values(
-        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+        self, values: tuple[float, ...], now: float, ratio: float = DRIFT_RATIO
     ) -> _LogState:
         state = _LogState()
         state.times = sorted(now + received(ago, ratio) for ago in values)[-self.limit :]
@@ -379,7 +377,7 @@ class Gcra:
         return (float(state.tat - now),)
 
     def from_values(
-        self, values: tuple[float, ...], now: float, ratio: float = RATE_RATIO
+        self, values: tuple[float, ...], now: float, ratio: float = DRIFT_RATIO
     ) -> _GcraState:
         return _GcraState(now + received(values[0], ratio))
 

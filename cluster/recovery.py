@@ -44,7 +44,7 @@ from .ownership_messages import (
     RecoverReply,
     SlotImage,
 )
-from .slots import DRIFT, NO_BALLOT, SLOTS, Ballot
+from .slots import DRIFT_RATIO, NO_BALLOT, SLOTS, Ballot
 
 # A recovering life asks again this often.
 RECOVER_RETRY = 0.5
@@ -149,7 +149,7 @@ class Recovery:
         self._mail = mail
         self._deadline_moved = deadline_moved
         self._era_floor = era_floor
-        self.quarantine_until = now + lease * (1 + DRIFT) / (1 - DRIFT)
+        self.quarantine_until = now + lease * DRIFT_RATIO
         self.settle_until = now + settle
         # The membership heard from every member it knows of (`knows_the_voters`).
         self.voters_known = False

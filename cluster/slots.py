@@ -18,6 +18,8 @@ DRIFT = 0.02
 # A deadline that travels (a peer's expiry) grows by this factor at every hop, so that no copy
 # runs out before its original on a clock running up to DRIFT fast.
 STRETCH = 1 + 2 * DRIFT
+# The most one node's clock can run faster than another's: each is within DRIFT of real time.
+DRIFT_RATIO = (1 + DRIFT) / (1 - DRIFT)
 
 
 def takeover_bound(down_after: float, lease: float) -> float:
@@ -25,7 +27,7 @@ def takeover_bound(down_after: float, lease: float) -> float:
     that reaches a quorum: the others count the owner down after `down_after`, the lease
     promises it holds run out within `lease` on a clock up to DRIFT slow, and the next owner's
     prepare and first write take a round trip or two (half a lease, with room)."""
-    return max(down_after, lease * (1 + DRIFT) / (1 - DRIFT)) + lease / 2
+    return max(down_after, lease * DRIFT_RATIO) + lease / 2
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -24,13 +24,14 @@ did before the seam.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
 import trio
 
-from sluicegate.cluster.rate_algorithms import RATE_RATIO
+from sluicegate.cluster.slots import DRIFT_RATIO
 
 
 class Clock(Protocol):
@@ -128,21 +129,21 @@ class SteadyWall:
     gossip tick), and a step gets through by at most `slew` of the time between them."""
 
     def __init__(
-        self, clock: Clock, wall: Callable[[], float], slew: float = RATE_RATIO - 1
+        self, clock: Clock, wall: Callable[[], float], slew: float = DRIFT_RATIO - 1
     ) -> None:
         self._clock = clock
         self._wall = wall
         self._slew = slew
-        # The readings of both clocks last time (None before the first).
-        self._then: tuple[float, float] | None = None
+        # The readings of both clocks last time (NaN before the first, which is then no step).
+        self._then_clock = math.nan
+        self._then_wall = math.nan
         # This clock less the time of day: 0 until the time of day steps.
         self._offset = 0.0
 
     def now(self) -> float:
         now, wall = self._clock.now(), self._wall()
-        if self._then is not None:
-            elapsed, walked = now - self._then[0], wall - self._then[1]
-            if abs(walked - elapsed) > self._slew * elapsed + ROUNDING:
-                self._offset += elapsed - walked  # a step: go on at the node clock's rate
-        self._then = (now, wall)
+        elapsed, walked = now - self._then_clock, wall - self._then_wall
+        if abs(walked - elapsed) > self._slew * elapsed + ROUNDING:
+            self._offset += elapsed - walked  # a step: go on at the node clock's rate
+        self._then_clock, self._then_wall = now, wall
         return wall + self._offset

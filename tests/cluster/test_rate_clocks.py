@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sluicegate.cluster import rate_algorithms
 from sluicegate.cluster.rate_limits import RateLimiterConfig, RateLimits
 from sluicegate.cluster.ring import rate_key
-from sluicegate.cluster.slots import DRIFT, Ballot, slot_of
+from sluicegate.cluster.slots import DRIFT, DRIFT_RATIO, Ballot, slot_of
 
 CONFIGS = {
     "log": RateLimiterConfig("sliding_log", 3, window=1.0),
@@ -177,7 +177,7 @@ def test_a_hand_over_keeps_the_rule_in_real_time(
 # -- the checks fail when the conversion is wrong --------------------------------------------
 
 
-def _earlier(offset: float, ratio: float = rate_algorithms.RATE_RATIO) -> float:
+def _earlier(offset: float, ratio: float = DRIFT_RATIO) -> float:
     """The wrong direction: the future shrunk, the past stretched."""
     return offset / ratio if offset > 0 else offset * ratio
 
