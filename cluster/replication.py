@@ -224,7 +224,7 @@ class SlotWriter:
 
     def committed(self, voters: Collection[str], now: float) -> int:
         """The highest version a quorum of `voters` holds, counting an acceptor's word only
-        while the version it holds was sent less than `vote_life` ago. A word older than that
+        while the version it holds was sent at most `vote_life` ago. A word older than that
         may come from a life that has since died and recovered without it: its new life reads
         the others only once a quorum counted on this clock would have formed
         (docs/cluster.md)."""
@@ -240,8 +240,9 @@ class SlotWriter:
         need = quorum(voters)
         if len(fresh) >= need:
             self._committed = fresh[need - 1]
-            for version in [v for v in self._sent if v <= self._committed]:
-                del self._sent[version]
+            sent = self._sent  # in the order written, which is the order of versions
+            while sent and (oldest := next(iter(sent))) <= self._committed:
+                del sent[oldest]
         return self._committed
 
     def pending(self, voters: Collection[str], now: float) -> bool:
