@@ -529,9 +529,13 @@ class RateLimits:
             algorithm = self._algorithms.get(event.limiter)
             if algorithm is None or self._modes[event.limiter] != "gossip":
                 continue  # configured differently there: nothing to merge
-            state = self._state(event.limiter, algorithm, event.key, event.at)
+            # A go stamped after its arrival was stamped by a clock ahead of this one: it went
+            # by now. At its stamp it would move the key's window (or bucket) on, and with it
+            # what this node admitted itself until then.
+            at = min(event.at, now)
+            state = self._state(event.limiter, algorithm, event.key, at)
             stats = self.stats[event.limiter]
-            stats.overshoot += algorithm.consume(state, event.n, event.at)
+            stats.overshoot += algorithm.consume(state, event.n, at)
             stats.gossip_lag = max(0.0, now - event.at)
 
     def evict(self, now: float) -> int:

@@ -60,6 +60,29 @@ def test_only_gossip_mode_makes_events_and_a_peer_counts_them():
     assert not n2.check("crawl", "k", 1, 0.3).go  # 3 there + 2 here fill the window of 5
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        RateLimiterConfig("fixed_window", 5, window=1.0, mode="gossip"),
+        RateLimiterConfig("sliding_window", 5, window=1.0, mode="gossip"),
+        RateLimiterConfig("sliding_log", 5, window=1.0, mode="gossip"),
+        RateLimiterConfig("token_bucket", 5, rate=1.0, mode="gossip"),
+    ],
+    ids=lambda config: config.algorithm,
+)
+def test_goes_from_a_clock_ahead_never_make_a_node_forget_its_own(config):
+    """A node whose clock is ahead stamps its goes in this node's future (here 1.5 s ahead:
+    the next window). They count as of their arrival, not from then: taken at their stamp,
+    they moved the key's window on, and this node forgot the 4 it had just admitted itself."""
+    here = RateLimits({"crawl": config}, "n1", random.Random(1))
+    ahead = RateLimits({"crawl": config}, "n2", random.Random(2))
+    for _ in range(4):
+        assert here.check("crawl", "k", 1, 10.2).go
+    assert ahead.check("crawl", "k", 1, 10.2 + 1.5).go
+    here.receive(ahead.take_events(), 10.3)
+    assert not here.check("crawl", "k", 1, 10.4).go  # 4 here, 1 there: the 5 it allows
+
+
 @given(st.permutations(range(6)), st.lists(st.integers(0, 5), max_size=6))
 def test_duplicates_and_reordering_never_count_twice(order, repeats):
     n1, n2, n3 = node("n1", 1), node("n2", 2), node("n3", 3)
