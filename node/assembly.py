@@ -107,6 +107,8 @@ class Node:
         self.metrics = NodeMetrics()
         self._actor: SemaphoreActor | None = None
         self._cluster: _ClusterParts | None = None
+        # This life's generation, in a cluster: what its members know it by.
+        self.generation: int | None = None
         reach = None
         self.membership: MembershipActor | None = None
         secret = cluster.secret.encode() if cluster.secret else b""
@@ -188,7 +190,7 @@ class Node:
         state = StateFile(Path(cluster.state_dir)) if cluster.state_dir else None
         kept = state.read() if state is not None else Kept()
         generation = time.time_ns() if seams.generation is None else seams.generation
-        generation = max(generation, kept.generation + 1)
+        self.generation = generation = max(generation, kept.generation + 1)
         if state is not None:
             state.write(Kept(kept.era, generation))
         dialer = seams.dialer

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from sluicegate.node.config import NodeConfig
 
 from .history import Event, History
+from .node_clocks import NodeClocks
 from .servers import ServerLog
 
 # After the cluster is whole again, clients may still be backing off (at most 1 s) or moving on
@@ -51,6 +52,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
         *fifo(history, quiet),
         *rate_retries_once(history, config),
         *rate_limits(history, config, quiet),
+        *rate_exact_by_node_clocks(history, config),
         *rate_leases(history, config),
         *committed_writes_survive(history.servers, since=_first_whole(history.events)),
         *[f"[liveness] {e.at:.4f}: {e.detail}" for e in history.events if e.kind == "stuck"],
@@ -377,9 +379,16 @@ def rate_limits(
     g = config.cluster.rate_gossip_interval
     lives = _node_lives(history.events)
     sends = history.rate
+    clocks = NodeClocks(history.deciders, history.times_of_day)
     for (limiter, key), mine in _group(sends).items():
         settings = limiters[limiter]
         limit, window = settings.limit, settings.window
+        if history.times_of_day:
+            # Windows fall where each node's clock puts them: exact ones are judged by
+            # `rate_exact_by_node_clocks`, gossip ones per life here.
+            if settings.mode == "gossip":
+                violations += _gossip_by_node_clocks(mine, clocks, limiter, key, settings)
+            continue
         certain = _certain_goes(mine, window, per_node=settings.mode == "gossip")
         if settings.mode == "exact":
             for index, goes in sorted(certain.items()):
@@ -403,6 +412,75 @@ def rate_limits(
             violations += _gossip_known(goes, limiter, key, limit, g, quiet)
         violations += _wrong_sorries(mine, limiter, key, limit, window)
     return violations
+
+
+def rate_exact_by_node_clocks(history: History, config: NodeConfig) -> list[str]:
+    """Fixed-window limiters in exact mode, judged where each go was decided (the slot's owner
+    records it: simulations/rate_taps.py), on the clock it was decided on as the checkers model
+    it (simulations/node_clocks.py: the node's time of day without its steps, placed in true
+    time), whatever the nodes' times of day read:
+
+    * `[rate-window]` each life admits at most L per window of its own clock;
+    * `[rate-handover]` a hand-over keeps the sender's last window: its goes there, and every
+      later go by another life until that window ends in true time, add up to at most L
+      (docs/cluster.md, "Rate limits in exact mode"). Only hand-overs: a slot taken from a
+      crashed owner starts spent until the next window of the new owner's clock, which may
+      begin before the old owner's window ends (the run's slot lease, 2 s, is longer than its
+      windows, 1 s, so there a takeover comes after it anyway, and no later hand-over of the
+      slot is judged against a window of a life before the crash).
+    """
+    clocks = NodeClocks(history.deciders, history.times_of_day)
+    goes: dict[tuple[str, str], list] = defaultdict(list)
+    for go in history.deciders.goes:
+        goes[go.limiter, go.key].append(go)
+    violations = []
+    for (limiter, key), mine in sorted(goes.items()):
+        settings = config.rate_limits[limiter]
+        if settings.algorithm != "fixed_window":
+            continue
+        counts: dict[tuple, int] = defaultdict(int)
+        for go in mine:
+            index = clocks.window(go.life, go.at, settings.window)
+            if index is not None:
+                counts[go.life, index] += go.n
+        for (life, index), total in sorted(counts.items()):
+            if total > settings.limit:
+                end = clocks.window_end(life, index, settings.window)
+                violations.append(
+                    f"[rate-window] {end:.4f}: {life[0]} (life {life[1]}) admitted {total} > "
+                    f"{settings.limit} of {limiter} {key!r} in one window of its clock"
+                )
+    for taken in history.deciders.taken:
+        sender = clocks.life_at(taken.sender, taken.at)
+        for limiter, key in sorted(taken.keys):
+            settings = config.rate_limits[limiter]
+            if sender is None or settings.algorithm != "fixed_window":
+                continue
+            violations += _handover_kept(clocks, goes[limiter, key], sender, taken, settings)
+    return violations
+
+
+def _handover_kept(clocks: NodeClocks, goes: list, sender, taken, settings) -> list[str]:
+    """The sender's last window before the hand-over `taken`, counted in true time to its end,
+    holds at most the limit."""
+    before = [go for go in goes if go.life == sender and go.at <= taken.at]
+    if not before:
+        return []
+    last = before[-1]
+    index = clocks.window(sender, last.at, settings.window)
+    if index is None:
+        return []
+    end = clocks.window_end(sender, index, settings.window)
+    own = sum(go.n for go in before if clocks.window(sender, go.at, settings.window) == index)
+    after = [go for go in goes if go.life != sender and last.at < go.at < end]
+    total = own + sum(go.n for go in after)
+    if total <= settings.limit:
+        return []
+    return [
+        f"[rate-handover] {end:.4f}: {taken.sender}'s last window of {last.limiter} "
+        f"{last.key!r} before its hand-over to {taken.life[0]} at {taken.at:.4f} held {own}, "
+        f"and {total - own} more went elsewhere before it ended: {total} > {settings.limit}"
+    ]
 
 
 def rate_leases(history: History, config: NodeConfig) -> list[str]:
@@ -522,6 +600,41 @@ def _certain_goes(sends, window: float, per_node: bool) -> dict[int, list[_Go]]:
             if math.floor(send.answered / window) == index:
                 windows[index].append(_Go(send.node, send.n, sent, send.answered, id(send), order))
     return windows
+
+
+def _gossip_by_node_clocks(sends, clocks: NodeClocks, limiter: str, key: str, settings):
+    """Gossip mode where the nodes' windows differ: each life admits at most L per window of
+    its own clock (its own goes alone; what it heard of others only ever makes it admit less).
+    A go counts where its decision certainly fell: one life, one window, from its first try's
+    sending to its answer."""
+    decisions = _decisions(sends, per_node=True)
+    first_sent: dict[tuple[int, str], float] = {}
+    for send in sends:
+        for order, retry_id in enumerate(send.retry_ids):
+            decision = decisions.get((id(send), order), (retry_id, send.node))
+            first_sent[decision] = min(send.sent, first_sent.get(decision, send.sent))
+    counts: dict[tuple, int] = defaultdict(int)
+    went: set[tuple[int, str]] = set()
+    for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
+        for order, go in enumerate(send.goes):
+            decision = decisions[id(send), order]
+            if not go or decision in went:
+                continue
+            went.add(decision)
+            sent = first_sent[decision]
+            life = clocks.life_at(send.node, sent)
+            if life is None or life != clocks.life_at(send.node, send.answered):
+                continue
+            index = clocks.window(life, sent, settings.window)
+            if index is not None and index == clocks.window(life, send.answered, settings.window):
+                counts[life, index] += send.n
+    return [
+        f"[rate-gossip] {clocks.window_end(life, index, settings.window):.4f}: {life[0]} "
+        f"(life {life[1]}) admitted {total} > {settings.limit} of {limiter} {key!r} in one "
+        "window of its clock"
+        for (life, index), total in sorted(counts.items())
+        if total > settings.limit
+    ]
 
 
 def _possible_goes(sends, start: float, end: float) -> int:

@@ -133,3 +133,32 @@ class SimClock:
         """Return once the clock is not frozen."""
         if self.frozen:
             await self._thawed.wait()
+
+
+# The true time of day at trio time 0 of a run whose nodes read the time of day (`wall`): a
+# real one, so that eras, generations and windows have a real clock's magnitude (and its
+# floats' resolution, a quarter of a microsecond).
+TRUE_EPOCH = 1_800_000_000.0
+
+
+class TimeOfDay:
+    """A machine's time of day (the `wall` kind): it runs at real time's rate, as NTP keeps it,
+    `offset` seconds from the run's true time of day, `TRUE_EPOCH` plus trio time; and it steps
+    forwards or backwards when told to, in every life of the machine's node alike. `steps` is
+    what it did, (trio time, by), for the checkers, which judge each node on its own clock."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+        self.initial = offset
+        self.steps: list[tuple[float, float]] = []
+
+    def now(self) -> float:
+        return TRUE_EPOCH + trio.current_time() + self.offset
+
+    def step(self, by: float) -> None:
+        self.offset += by
+        self.steps.append((trio.current_time(), by))
+
+    def offset_at(self, at: float) -> float:
+        """The offset as it was at trio time `at`."""
+        return self.initial + sum(by for when, by in self.steps if when <= at)

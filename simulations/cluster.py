@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import replace
+from pathlib import Path
 
 import trio
 from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
@@ -43,8 +44,9 @@ from sluicegate.node.links import HANDSHAKE_TIMEOUT
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.wire import MAX_FRAME
 
-from .clocks import SimClock
+from .clocks import SimClock, TimeOfDay
 from .network import SimNetwork
+from .rate_taps import RateLog
 from .servers import ServerLog
 
 log = logging.getLogger("sluicegate.simulated_link")
@@ -98,14 +100,28 @@ class SimNode:
         on_failure: Callable[[str, str], None],
         clock: SimClock | None = None,
         servers: ServerLog | None = None,
+        deciders: RateLog | None = None,
+        time_of_day: TimeOfDay | None = None,
+        state_dir: Path | None = None,
     ) -> None:
-        """`servers`: where to record what this life does with its slots (for the checkers)."""
+        """`servers`, `deciders`: where to record what this life does with its slots and its
+        exact rate limits (for the checkers);
+        `time_of_day`: the machine's, if the node reads one of its own (else trio time, and
+        `generation` and virtual milliseconds order lives and eras); `state_dir`: where the
+        node keeps its era and generation across lives (`[cluster] state_dir`)."""
         self.node_id = node_id
         self.clock = clock or SimClock()
         self.address = f"{node_id}:{PORT}"
+        self.time_of_day = time_of_day
         self.config = replace(
             config,
-            cluster=replace(config.cluster, node_id=node_id, join=join, secret=SECRET),
+            cluster=replace(
+                config.cluster,
+                node_id=node_id,
+                join=join,
+                secret=SECRET,
+                state_dir=str(state_dir) if state_dir is not None else None,
+            ),
         )
         self._network = network
         self._rng = rng
@@ -116,10 +132,12 @@ class SimNode:
         self.semaphores = None
         self.rate_limits: RateLimitService | None = None
         self.crashed = False
+        self.began = trio.current_time()
         self.left = False
         self._on_failure = on_failure
         self._node: Node | None = None
         self._servers = servers
+        self._deciders = deciders
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until crashed or stopped; `task_status.started()` once it listens and has joined."""
@@ -150,9 +168,21 @@ class SimNode:
             wall=trio.current_time,
             repeat=repeat,
         )
+        if self.time_of_day is not None:  # as a process reads it: `time.time`
+            wall = self.time_of_day.now
+            seams = replace(
+                seams,
+                generation=int(wall() * 1e9),
+                epoch=lambda: int(wall() * 1000),
+                wall=wall,
+            )
         self._node = node = Node(self.config, self.address, seams)
+        assert node.generation is not None  # a simulated node is always in a cluster
+        self.generation = node.generation
         if self._servers is not None and self.ownership is not None:
             self._servers.tap(self.node_id, self.generation, self.ownership)
+        if self._deciders is not None:
+            self._deciders.tap(self.node_id, self.generation, node.rate_limits.core)
         self.app, self.rate_limits = node.app, node.rate_limits
         async with trio.open_nursery() as nursery:
             network.listen(

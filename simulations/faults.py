@@ -21,7 +21,7 @@ whole again (every node serving, every node agreeing on the members) before the 
 * `duplicate`: requests are delivered twice: clients' request frames, and, on node links, the
   messages between homes and owners and rate-limit gossip.
 
-Three more kinds come only on request (`run --with skew,freeze,overlap`; `EXTRA_FAULTS`), each
+Four more kinds come only on request (`run --with skew,freeze,overlap,wall`; `EXTRA_FAULTS`), each
 enabled per seed as the others are, drawn from a random source of their own so that the seed's
 other choices stay the same:
 
@@ -40,6 +40,10 @@ other choices stay the same:
   A third of the bursts repeat messages too (`duplicate`'s). After the burst, everything heals
   at once. Half the seeds with `overlap` also run two of their nodes' clocks at the full drift
   the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in every life.
+* `wall`: each node reads a time of day of its own (simulations/clocks.py's `TimeOfDay`), a
+  few seconds off the true one, or hours, and stepped forwards and backwards during the run
+  (`times_of_day`, `step_times_of_day`); its generations, eras and rate limits read it, and it
+  keeps a state directory, as a cluster whose clocks may step back must.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import trio
 from sluicegate.cluster.slots import DRIFT
 
 from .availability import PLACE as PROBE
+from .clocks import TimeOfDay
 from .history import History
 
 FAULTS = (
@@ -68,13 +73,15 @@ FAULTS = (
 )
 # Kinds a run adds only on request (`run --with`): every seed's history would change if they
 # were drawn by default.
-EXTRA_FAULTS = ("skew", "freeze", "overlap")
+EXTRA_FAULTS = ("skew", "freeze", "overlap", "wall")
 # How fast or slow a skewed node's clock runs.
 SKEW = 0.01
 # The clock rates of `overlap`'s two drifting nodes: as fast and as slow as the protocol allows.
 DRIFTS = (1 + DRIFT, 1 - DRIFT)
 # A freeze waits this long for the victim's next write to start in; then it starts anyway.
 FREEZE_ARMED_FOR = 0.5
+# How far the time of day steps (seconds, either way), but for one step in six, by an hour or two.
+STEP = (0.5, 3.0)
 # A cluster not whole again this long after a fault healed is a failure of its own.
 RECOVERY_LIMIT = 20.0
 
@@ -95,6 +102,47 @@ def extra_faults(seed: int, wanted: tuple[str, ...], nodes: list[str]) -> tuple[
             fast, slow = overlapping.sample([node for node in nodes if node not in rates], 2)
             rates[fast], rates[slow] = DRIFTS
     return enabled, rates
+
+
+def times_of_day(
+    seed: int, wanted: tuple[str, ...], nodes: list[str], until: float
+) -> tuple[dict[str, TimeOfDay], list[tuple[float, str, float]]]:
+    """If `seed` enables `wall` (with probability 1/2, from a random source of its own), each
+    node's time of day, and its steps before `until`: (when, node, by), in order."""
+    rng = random.Random(f"times of day {seed}")
+    if "wall" not in wanted or rng.random() >= 0.5:
+        return {}, []
+    offsets = {node: rng.uniform(-2.0, 2.0) for node in nodes}
+    if rng.random() < 0.25:
+        offsets[rng.choice(nodes)] += rng.choice((-1, 1)) * rng.uniform(3600, 3 * 3600)
+    steps = []
+    for node in nodes:
+        for _ in range(rng.randint(0, 2)):
+            hours = rng.random() < 1 / 6
+            size = rng.uniform(3600, 2 * 3600) if hours else rng.uniform(*STEP)
+            steps.append((rng.uniform(2.0, until - 2.0), node, rng.choice((-1, 1)) * size))
+    return {node: TimeOfDay(offset) for node, offset in offsets.items()}, sorted(steps)
+
+
+async def step_times_of_day(steps, cluster, history: History) -> None:
+    """Step each node's time of day as `steps` say, but never while the node is frozen or in
+    the first second of a life: a node sees a step by reading its time of day against its
+    monotonic clock every `rate_gossip_interval`, and a step within a longer gap (a freeze),
+    or before its first reading, could pass as a slew (node/clock.py's `SteadyWall`), which
+    the checkers, judging each node on its clock without its steps, would take for a fault."""
+    for at, node_id, by in steps:
+        await trio.sleep_until(at)
+        while True:
+            node = cluster.nodes[node_id]
+            if (
+                node.crashed
+                or node.left
+                or not (node.clock.frozen or trio.current_time() < node.began + 1)
+            ):
+                break
+            await trio.sleep(0.1)
+        history.times_of_day[node_id].step(by)
+        history.note(f"time of day of {node_id} stepped {by:+.3f} s")
 
 
 class Injector:

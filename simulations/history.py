@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .clocks import TimeOfDay
+from .rate_taps import RateLog
 from .servers import ServerLog
 
 if TYPE_CHECKING:
@@ -44,8 +46,12 @@ class History:
         self._clock = clock
         # Every rate-limit request on the wire, in the order sent.
         self.rate: list[RateSend] = []
-        # What the nodes did with their slots (a simulation taps them; a chaos run cannot).
+        # What the nodes did with their slots and exact rate limits (a simulation taps them;
+        # a chaos run cannot).
         self.servers = ServerLog()
+        self.deciders = RateLog()
+        # Each node's time of day, in a run whose nodes read one of their own (`wall`).
+        self.times_of_day: dict[str, TimeOfDay] = {}
 
     def asked(self, who: str, semaphore: str, count: int) -> None:
         self._add(Event(self._clock(), "asked", who, semaphore, count))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluicegate.cluster import ownership, peers, rate_limits, semaphore_leases
+from sluicegate.cluster import ownership, peers, rate_algorithms, rate_limits, semaphore_leases
+from sluicegate.node import clock
 
 
 def tokens_restart_on_takeover() -> None:
@@ -134,6 +135,28 @@ def adopt_latest_ballot_any_version() -> None:
     ownership.latest = lambda promises: max(promises, key=lambda p: p.accepted, default=None)
 
 
+def rate_limits_on_the_stepped_time_of_day() -> None:
+    """Rate limits decide on the time of day as it reads, steps and all, not on the time of day
+    without its steps: a step forward opens the next window at once."""
+    clock.SteadyWall.now = lambda self: self._wall()
+
+
+def handover_window_by_the_senders_clock() -> None:
+    """A hand-over carries a window's end as the sender's clock reads it, and the receiver
+    takes that reading for one of its own: from a clock behind, the window has ended already."""
+
+    def values(self, state, now):
+        return (float(state.start + self.window), float(state.count), float(state.previous))
+
+    def from_values(self, values, now, ratio=1.0):
+        state = rate_algorithms._WindowState(values[0] - self.window)
+        state.count, state.previous = int(values[1]), int(values[2])
+        return state
+
+    rate_algorithms._Windows.values = values
+    rate_algorithms._Windows.from_values = from_values
+
+
 PLANTED: dict[str, Callable[[], None]] = {
     "tokens-restart-on-takeover": tokens_restart_on_takeover,
     "adopt-any-copy": adopt_any_copy,
@@ -146,4 +169,6 @@ PLANTED: dict[str, Callable[[], None]] = {
     "leased-keys-start-whole": leased_keys_start_whole,
     "tokens-shared-by-concurrent-holders": tokens_shared_by_concurrent_holders,
     "adopt-latest-ballot-any-version": adopt_latest_ballot_any_version,
+    "rate-limits-on-the-stepped-time-of-day": rate_limits_on_the_stepped_time_of_day,
+    "handover-window-by-the-senders-clock": handover_window_by_the_senders_clock,
 }

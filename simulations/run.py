@@ -20,6 +20,7 @@ import hashlib
 import logging
 import random
 import signal
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,15 @@ from .availability import Probe
 from .checkers import check_history
 from .clocks import SimClock
 from .cluster import NODE, SimNode, describe, link_messages
-from .faults import DRIFTS, FAULTS, RECOVERY_LIMIT, Injector, extra_faults
+from .faults import (
+    DRIFTS,
+    FAULTS,
+    RECOVERY_LIMIT,
+    Injector,
+    extra_faults,
+    step_times_of_day,
+    times_of_day,
+)
 from .history import History
 from .network import SimNetwork
 from .workload import EXPIRES_IN, FencedResource
@@ -196,6 +205,7 @@ class _Cluster:
         self.history = history
         self.nodes: dict[str, SimNode] = {}
         self._generations: Counter = Counter()
+        self._state_root: tempfile.TemporaryDirectory | None = None
         self.ids = [f"n{i}" for i in range(1, nodes + 1)]
 
     async def boot(self, nursery: trio.Nursery) -> None:
@@ -222,11 +232,31 @@ class _Cluster:
             on_failure=self._failed,
             clock=SimClock(rate=self.rates.get(node_id, 1.0)),
             servers=self.history.servers,
+            deciders=self.history.deciders,
+            time_of_day=self.history.times_of_day.get(node_id),
+            state_dir=self._state_dir(node_id),
         )
         self.nodes[node_id] = node
         await nursery.start(node.run)
         self.history.up(node_id)
         return node
+
+    def _state_dir(self, node_id: str) -> Path | None:
+        """Where `node_id` keeps its era and generation across lives, when its time of day is
+        its own: without one, a node whose clock is behind would start lower eras and
+        generations, as docs/cluster.md says (a limit of nodes without `state_dir`, not a
+        fault for the checkers to find)."""
+        if not self.history.times_of_day:
+            return None
+        if self._state_root is None:
+            self._state_root = tempfile.TemporaryDirectory(prefix="sluicegate-sim-")
+        directory = Path(self._state_root.name) / node_id
+        directory.mkdir(exist_ok=True)
+        return directory
+
+    def close(self) -> None:
+        if self._state_root is not None:
+            self._state_root.cleanup()
 
     def _failed(self, node_id: str, text: str) -> None:
         self.history.failure(node_id, text)
@@ -267,20 +297,27 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
     network = SimNetwork()
     ids = [f"n{i}" for i in range(1, nodes + 1)]
     extra_kinds, rates = extra_faults(seed, extra, ids)
+    history.times_of_day, steps = times_of_day(seed, extra, ids, DURATION)
+    if history.times_of_day:
+        extra_kinds.append("wall")
     cluster = _Cluster(network, rng, CONFIG, history, nodes, rates)
     for node_id, rate in rates.items():
         history.note(
             f"clock of {node_id} runs at {rate:g} ({'drift' if rate in DRIFTS else 'skew'})"
         )
+    for node_id, time_of_day in history.times_of_day.items():
+        history.note(f"time of day of {node_id} is {time_of_day.offset:+.3f} s off")
     resource = FencedResource(history)
     async with trio.open_nursery() as nursery:
         await cluster.boot(nursery)
+        nursery.start_soon(step_times_of_day, steps, cluster, history)
 
         kinds = [kind for kind in FAULTS if rng.random() < 0.5]
         if nodes > 3 and rng.random() < 0.5:
             kinds.append("split")  # with three nodes, a partition of one node is the split
         history.note("faults enabled: " + (", ".join(kinds + extra_kinds) or "none"))
-        kinds += [kind for kind in extra_kinds if kind != "skew"]  # skew is there all along
+        # Skew and the times of day are there all along.
+        kinds += [kind for kind in extra_kinds if kind not in ("skew", "wall")]
         injector = Injector(
             cluster,
             CLIENT_IDS,
@@ -330,6 +367,7 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
                 f"{cluster.views()}"
             )
         nursery.cancel_scope.cancel()
+    cluster.close()
     violations = check_history(history, CONFIG, EXPIRES_IN)
     trace = history.lines()
     unanswered = sum(1 for send in history.rate if send.answered is None)
@@ -346,7 +384,11 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
         seed=seed,
         trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
         operations=history.operations,
-        faults=injector.fired + Counter({"skew": int("skew" in extra_kinds)}),
+        faults=injector.fired
+        + Counter(
+            {"skew": int("skew" in extra_kinds), "wall": int(bool(steps or history.times_of_day))}
+        )
+        + Counter({"wall:step": len(steps)}),
         violations=violations,
         trace=trace,
         figures=figures,

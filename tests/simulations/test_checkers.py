@@ -1,11 +1,19 @@
 """Checkers on histories written by hand: what counts as one decision of a retried rate-limit
-request (`once`), what tokens must do on any semaphore (`tokens`), and what a new owner must
-have gained (`o2`)."""
+request (`once`), what tokens must do on any semaphore (`tokens`), what a new owner must
+have gained (`o2`), and exact rate limits on each node's own clock (`rate-window`,
+`rate-handover`)."""
 
 from __future__ import annotations
 
-from simulations.checkers import committed_writes_survive, rate_retries_once, tokens_rise
+from simulations.checkers import (
+    committed_writes_survive,
+    rate_exact_by_node_clocks,
+    rate_retries_once,
+    tokens_rise,
+)
+from simulations.clocks import TimeOfDay
 from simulations.history import Event, History
+from simulations.rate_taps import Go, Taken
 from simulations.run import CONFIG
 from simulations.servers import Gain, ServerLog, Write, Writer, signature
 from simulations.workload import RateSend
@@ -88,3 +96,39 @@ def test_a_committed_write_missing_from_the_next_owners_state_breaks_o2():
         "[o2] 3.0000: slot 7 gained by n2 (life 1, ballot 2) without version 2 of n1's ballot 1"
     )
     assert "lacks or differs in l:5:A s:A" in violation
+
+
+def clocks_history(offsets: dict[str, float]) -> History:
+    """Lives n1 and n2 begun at 0, each node's time of day `offsets` off the true one."""
+    history = History(clock=lambda: 0.0)
+    history.times_of_day = {node: TimeOfDay(offset) for node, offset in offsets.items()}
+    for node in offsets:
+        history.deciders.began[node, 1] = 0.0
+    return history
+
+
+def goes(history: History, node: str, *times: float) -> None:
+    history.deciders.goes.extend(Go(at, (node, 1), "exact", "k0", 1) for at in times)
+
+
+def test_windows_are_each_nodes_own_and_a_go_near_an_edge_is_left_out():
+    history = clocks_history({"n1": 0.4})  # n1's windows begin at .6 of the true second
+    goes(history, "n1", 10.61, 10.7, 11.0, 11.55)  # all in n1's window [10.6, 11.6)
+    [violation] = rate_exact_by_node_clocks(history, CONFIG)
+    assert violation.startswith("[rate-window] 11.5950: n1 (life 1) admitted 4 > 3 of exact")
+    history.deciders.goes[0] = Go(10.603, ("n1", 1), "exact", "k0", 1)  # within 5 ms of it
+    assert rate_exact_by_node_clocks(history, CONFIG) == []
+
+
+def test_a_hand_over_keeps_the_senders_last_window_in_true_time():
+    history = clocks_history({"n1": 0.0, "n2": -0.5})  # n2's windows end at .5
+    goes(history, "n1", 10.1, 10.2)  # 2 of n1's window [10, 11)
+    history.deciders.taken.append(Taken(10.3, ("n2", 1), "n1", frozenset({("exact", "k0")})))
+    goes(history, "n2", 10.4)  # the third: the limit
+    assert rate_exact_by_node_clocks(history, CONFIG) == []
+    goes(history, "n2", 10.45)  # n2's own window holds 2, but n1's held 4 by its end
+    [violation] = rate_exact_by_node_clocks(history, CONFIG)
+    assert violation.startswith("[rate-handover] 10.9950: n1's last window of exact 'k0' before")
+    assert violation.endswith("held 2, and 2 more went elsewhere before it ended: 4 > 3")
+    history.deciders.goes[-1] = Go(11.2, ("n2", 1), "exact", "k0", 1)  # after n1's ended
+    assert rate_exact_by_node_clocks(history, CONFIG) == []

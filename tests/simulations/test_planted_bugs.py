@@ -33,13 +33,29 @@ CAUGHT = {
         3,
         r"\[o2\] [\d.]+: slot \d+ gained by n\d \(life \d+, ballot \d+\) without version \d+",
     ),
+    "rate-limits-on-the-stepped-time-of-day": (
+        0,
+        r"\[rate-window\] [\d.]+: n\d \(life \d+\) admitted \d > 3 of exact 'k\d' in one window",
+    ),
+    "handover-window-by-the-senders-clock": (
+        13,
+        r"\[rate-handover\] [\d.]+: n\d's last window of exact 'k\d' before its hand-over",
+    ),
 }
+# Bugs that show only where each node has a time of day of its own: their seeds run `--with
+# wall` (which leaves the other kinds' choices as they are), with and without the bug.
+WALL = {"rate-limits-on-the-stepped-time-of-day", "handover-window-by-the-senders-clock"}
 # Bugs only the checkers that see beyond A and the clients catch: on their seed, every violation
 # is of that checker (and the tokens of A stay right).
 NEW_CHECKERS_ONLY = {
     "tokens-shared-by-concurrent-holders": "tokens",
     "adopt-latest-ballot-any-version": "o2",
+    "handover-window-by-the-senders-clock": "rate-handover",
 }
+
+
+def kinds(bug: str) -> list[str]:
+    return ["--with", "wall"] if bug in WALL else []
 
 
 def test_every_planted_bug_has_a_seed_within_the_budget():
@@ -47,17 +63,19 @@ def test_every_planted_bug_has_a_seed_within_the_budget():
     assert all(seed in PASSING for seed, _ in CAUGHT.values())
 
 
-def test_without_a_planted_bug_those_seeds_pass(tmp_path):
+@pytest.mark.parametrize("wall", [False, True], ids=["as run", "with wall"])
+def test_without_a_planted_bug_those_seeds_pass(tmp_path, wall):
     seeds = tmp_path / "seeds.txt"
-    seeds.write_text("".join(f"{seed}\n" for seed in sorted({s for s, _ in CAUGHT.values()})))
-    done = simulate("--seeds-from", str(seeds), timeout=600)
+    planted = {seed for bug, (seed, _) in CAUGHT.items() if (bug in WALL) == wall}
+    seeds.write_text("".join(f"{seed}\n" for seed in sorted(planted)))
+    done = simulate("--seeds-from", str(seeds), *(["--with", "wall"] if wall else []), timeout=600)
     assert done.returncode == 0, done.stdout
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_a_planted_bug_is_caught(bug):
     seed, caught_as = CAUGHT[bug]
-    done = simulate("--seed", str(seed), "--plant", bug, timeout=600)
+    done = simulate("--seed", str(seed), "--plant", bug, *kinds(bug), timeout=600)
     assert done.returncode == 1, f"{bug} not caught on seed {seed}\n{done.stdout}"
     assert failed_seeds(done.stdout) == {seed}
     assert re.search(caught_as, done.stdout), done.stdout
@@ -67,7 +85,7 @@ def test_a_planted_bug_is_caught(bug):
 @pytest.mark.parametrize("bug", sorted(NEW_CHECKERS_ONLY))
 def test_a_bug_only_the_new_checkers_see(bug):
     seed, _ = CAUGHT[bug]
-    done = simulate("--seed", str(seed), "--plant", bug, timeout=600)
+    done = simulate("--seed", str(seed), "--plant", bug, *kinds(bug), timeout=600)
     tally = re.search(r"^by checker  (.*)$", done.stdout, re.M)
     assert tally is not None, done.stdout
     assert re.fullmatch(rf"{NEW_CHECKERS_ONLY[bug]} \d+", tally.group(1)), done.stdout
