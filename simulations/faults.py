@@ -37,9 +37,13 @@ other choices stay the same:
   within 0.5 s, or later), and maybe, overlapping it, a cut from the others (both ways or one),
   slow links (0.5 to 0.7 s each way), or clogged ones, each starting at its own moment, so that
   a member restarts into a cut, crashes while another is cut or clogged, or two crash together.
-  A third of the bursts repeat messages too (`duplicate`'s). After the burst, everything heals
-  at once. Half the seeds with `overlap` also run two of their nodes' clocks at the full drift
-  the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in every life.
+  A third of the bursts repeat messages too (`duplicate`'s). Half the bursts change the members
+  too, once: a faulty member leaves gracefully; or it crashes, stays down, and a live member
+  that is not faulty forgets it (`forget`, as `sluicegate forget` asks), and it starts again,
+  a new life and a member again. A member that leaves or is forgotten goes without another
+  member crashing in its burst (`Injector._without_crashes`). After the burst, everything
+  heals at once. Half the seeds with `overlap` also run two of their nodes' clocks at the full
+  drift the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in every life.
 * `wall`: each node reads a time of day of its own (simulations/clocks.py's `TimeOfDay`), a
   few seconds off the true one, or hours, and stepped forwards and backwards during the run
   (`times_of_day`, `step_times_of_day`); its generations, eras and rate limits read it, and it
@@ -84,6 +88,14 @@ FREEZE_ARMED_FOR = 0.5
 STEP = (0.5, 3.0)
 # A cluster not whole again this long after a fault healed is a failure of its own.
 RECOVERY_LIMIT = 20.0
+# The changes of the members an overlap burst may make besides its faults, one at most.
+MEMBER_CHANGES = ("leave", "forget")
+# How long an operator keeps asking a member to forget a crashed one (it must count it down,
+# and the members must have settled since they last changed), and then waits for every member
+# up to hear of it, as `sluicegate forget` does.
+FORGET_PATIENCE = 10.0
+# One part of a burst: what acts (`Injector._crash_in_burst`, ...), on what, and its randomness.
+Plan = tuple[Callable[..., Awaitable[None]], tuple, random.Random]
 
 
 def extra_faults(seed: int, wanted: tuple[str, ...], nodes: list[str]) -> tuple[list[str], dict]:
@@ -340,8 +352,8 @@ class Injector:
     # -- overlap -------------------------------------------------------------------------------
 
     async def _overlap(self, victim: str, lasting: float) -> None:
-        """A burst of faults on a minority of members, overlapping, for about `lasting`; then
-        everything heals at once."""
+        """A burst of faults on a minority of members, overlapping, for about `lasting`, maybe
+        with a change of the members; then everything heals at once."""
         rng = self.rng
         ids = self.cluster.ids
         faulty = [victim]
@@ -353,18 +365,21 @@ class Injector:
             self.network.duplicating = True
             self.history.note("messages repeated")
             self.fired["overlap:duplicate"] += 1
-        plans = []
+        faults: list[tuple[Callable[..., Awaitable[None]], tuple]] = []
         for member in faulty:
             crash = rng.random() < 0.6
             # A member that does not crash has its links cut, slowed or clogged.
             links = rng.choice(("cut", "one_way", "slow", "clog", None if crash else "cut"))
             if crash:
-                plans.append((self._crash_in_burst, member))
+                faults.append((self._crash_in_burst, (member,)))
             if links is not None:
-                plans.append((self._links_in_burst, member, links))
+                faults.append((self._links_in_burst, (member, links)))
+        plans = [(act, args, random.Random(rng.getrandbits(64))) for act, args in faults]
+        # Drawn after the faults, so that a burst draws them as it did before changes came.
+        plans = self._change_members(plans, faulty, random.Random(rng.getrandbits(64)))
         async with trio.open_nursery() as nursery:
-            for plan, *args in plans:
-                nursery.start_soon(plan, *args, lasting, random.Random(rng.getrandbits(64)))
+            for act, args, plan_rng in plans:
+                nursery.start_soon(act, *args, lasting, plan_rng)
         self.network.heal()
         for member in faulty:
             for place in ids:
@@ -377,6 +392,38 @@ class Injector:
             if self.cluster.nodes[member].crashed:
                 await self.restart(member)
         self.history.note("burst healed")
+
+    def _change_members(
+        self, plans: list[Plan], faulty: list[str], rng: random.Random
+    ) -> list[Plan]:
+        """In half the bursts, one change of the members besides the faults (one: the voters
+        of any two members must differ by one member at most, docs/cluster.md): a faulty
+        member leaves gracefully, or crashes and is forgotten. The burst's plans with it."""
+        if rng.random() >= 0.5:
+            return plans
+        change = rng.choice(MEMBER_CHANGES)
+        member = rng.choice(faulty)
+        if change == "leave":
+            departure: Plan = (self._leave_in_burst, (member,), random.Random(rng.getrandbits(64)))
+        else:
+            asker = rng.choice([node_id for node_id in self.cluster.ids if node_id not in faulty])
+            plan_rng = random.Random(rng.getrandbits(64))
+            departure = (self._forgotten_in_burst, (member, asker), plan_rng)
+        return [*self._without_crashes(plans, member), departure]
+
+    def _without_crashes(self, plans: list[Plan], departing: str) -> list[Plan]:
+        """`plans` without crashes, beside a member's departure. The departing member takes
+        its copies with it, and a life that restarts meanwhile counts one voter fewer, so
+        reads from one other fewer: a write whose quorum held both could be missed, which
+        docs/cluster.md ("Forgetting a member") promises nothing about. Another member whose
+        only fault was its crash is cut instead."""
+        crashes = [plan for plan in plans if plan[0] == self._crash_in_burst]
+        kept = [plan for plan in plans if plan not in crashes]
+        linked = {args[0] for _, args, _ in kept}
+        for _, (member,), plan_rng in crashes:
+            if member != departing and member not in linked:
+                kept.append((self._links_in_burst, (member, "cut"), plan_rng))
+        return kept
 
     async def _crash_in_burst(self, member: str, lasting: float, rng: random.Random) -> None:
         """Crash `member` at some moment of the burst; start it again within 0.5 s (half the
@@ -423,3 +470,77 @@ class Injector:
                 self.network.delay(member, other, 0)
             else:
                 self.network.release(member, other)
+
+    async def _leave_in_burst(self, member: str, lasting: float, rng: random.Random) -> None:
+        """`member` leaves gracefully at some moment of the burst, as SIGTERM stops it, while
+        the others' faults go on; it starts again later in the burst (half the time) or at
+        its end."""
+        await trio.sleep(rng.uniform(0, lasting / 2))
+        node = self.cluster.nodes[member]
+        self.history.note(f"{member} leaves")
+        await node.leave()
+        if not node.left:
+            return  # a task of it raised: it is down already, and the heal starts it again
+        self.history.down(member)
+        self.fired["overlap:leave"] += 1
+        if rng.random() < 0.5:
+            await trio.sleep(rng.uniform(0.5, lasting))
+            self.history.note(f"{member} restarts")
+            await self.restart(member)
+
+    async def _forgotten_in_burst(
+        self, member: str, asker: str, lasting: float, rng: random.Random
+    ) -> None:
+        """`member` crashes at some moment of the burst and stays down, and an operator has
+        `asker` (a live member, not faulty) forget it while the others' faults go on. Once
+        every member up knows, it starts again later in the burst (half the time) or at its
+        end: a new life, and a member again."""
+        await trio.sleep(rng.uniform(0, lasting / 2))
+        self.cluster.nodes[member].crash()
+        self.history.down(member)
+        self.history.note(f"{member} crashed, for good as far as the operator knows")
+        if await self._forget(asker, member) and rng.random() < 0.5:
+            await trio.sleep(rng.uniform(0, lasting / 2))
+            self.history.note(f"{member} restarts")
+            await self.restart(member)
+
+    async def _forget(self, asker: str, member: str) -> bool:
+        """What `sluicegate forget` does, through the call `POST /forget` makes: ask `asker`
+        to forget `member` until it does, then wait until every member up has heard. False if
+        it did not forget."""
+        if not await self._asked_to_forget(asker, member):
+            self.fired["overlap:forget-refused"] += 1
+            return False
+        self.fired["overlap:forget"] += 1
+        self.history.note(f"{asker} forgot {member}")
+        with trio.move_on_after(FORGET_PATIENCE):
+            while not all(member in node.membership.left_members() for node in self._up()):
+                await trio.sleep(0.1)
+        unaware = [node.node_id for node in self._up() if member in node.membership.generations()]
+        if unaware:  # cut off: they hear at the heal
+            self.history.note(f"{', '.join(unaware)} had not heard that {member} is forgotten")
+        return True
+
+    async def _asked_to_forget(self, asker: str, member: str) -> bool:
+        """Ask until `asker` forgets `member`: it forgets only a member it counts down (silent
+        for `down_after`), and only once the members settled since their last change there,
+        saying how long that takes. False if it refused for good or took `FORGET_PATIENCE`."""
+        deadline = trio.current_time() + FORGET_PATIENCE
+        while trio.current_time() < deadline and not self.cluster.nodes[asker].crashed:
+            members = self.cluster.nodes[asker].membership
+            if member not in members.down_members():
+                await trio.sleep(0.1)
+                continue
+            refused = members.forget(member)
+            if refused is None:
+                return True
+            if not refused.retry_after:
+                self.history.note(f"{asker} would not forget {member}: {refused.reason}")
+                return False
+            await trio.sleep(refused.retry_after)
+        self.history.note(f"{asker} did not forget {member} within {FORGET_PATIENCE:g} s")
+        return False
+
+    def _up(self) -> list:
+        """The nodes whose current life runs."""
+        return [node for node in self.cluster.nodes.values() if not node.crashed]
