@@ -40,10 +40,14 @@ other choices stay the same:
   A third of the bursts repeat messages too (`duplicate`'s). Half the bursts change the members
   too, once: a faulty member leaves gracefully; or it crashes, stays down, and a live member
   that is not faulty forgets it (`forget`, as `sluicegate forget` asks), and it starts again,
-  a new life and a member again. A member that leaves or is forgotten goes without another
-  member crashing in its burst (`Injector._without_crashes`). After the burst, everything
-  heals at once. Half the seeds with `overlap` also run two of their nodes' clocks at the full
-  drift the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in every life.
+  a new life and a member again; or a new member (an id no life had) joins through the seeds
+  and leaves gracefully at the heal, once the cluster with it is whole. Until it serves, a
+  joiner counts as faulty, and it raises n: of four, one may be faulty, of six two, so the
+  faults beyond wait until it serves. A member that leaves or is forgotten goes without
+  another member crashing in its burst (`Injector._without_crashes`). After the burst,
+  everything heals at once. Half the seeds with `overlap` also run two of their nodes' clocks at
+  the full drift the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in
+  every life.
 * `wall`: each node reads a time of day of its own (simulations/clocks.py's `TimeOfDay`), a
   few seconds off the true one, or hours, and stepped forwards and backwards during the run
   (`times_of_day`, `step_times_of_day`); its generations, eras and rate limits read it, and it
@@ -89,7 +93,7 @@ STEP = (0.5, 3.0)
 # A cluster not whole again this long after a fault healed is a failure of its own.
 RECOVERY_LIMIT = 20.0
 # The changes of the members an overlap burst may make besides its faults, one at most.
-MEMBER_CHANGES = ("leave", "forget")
+MEMBER_CHANGES = ("leave", "forget", "join")
 # How long an operator keeps asking a member to forget a crashed one (it must count it down,
 # and the members must have settled since they last changed), and then waits for every member
 # up to hear of it, as `sluicegate forget` does.
@@ -376,7 +380,7 @@ class Injector:
                 faults.append((self._links_in_burst, (member, links)))
         plans = [(act, args, random.Random(rng.getrandbits(64))) for act, args in faults]
         # Drawn after the faults, so that a burst draws them as it did before changes came.
-        plans = self._change_members(plans, faulty, random.Random(rng.getrandbits(64)))
+        plans, joiner = self._change_members(plans, faulty, random.Random(rng.getrandbits(64)))
         async with trio.open_nursery() as nursery:
             for act, args, plan_rng in plans:
                 nursery.start_soon(act, *args, lasting, plan_rng)
@@ -391,17 +395,27 @@ class Injector:
         for member in faulty:
             if self.cluster.nodes[member].crashed:
                 await self.restart(member)
+        if joiner is not None:
+            await self._joiner_leaves(joiner)
         self.history.note("burst healed")
 
     def _change_members(
         self, plans: list[Plan], faulty: list[str], rng: random.Random
-    ) -> list[Plan]:
+    ) -> tuple[list[Plan], str | None]:
         """In half the bursts, one change of the members besides the faults (one: the voters
         of any two members must differ by one member at most, docs/cluster.md): a faulty
-        member leaves gracefully, or crashes and is forgotten. The burst's plans with it."""
+        member leaves gracefully, or crashes and is forgotten, or a new member joins. The
+        burst's plans with it, and the joiner, if one joins."""
         if rng.random() >= 0.5:
-            return plans
+            return plans, None
         change = rng.choice(MEMBER_CHANGES)
+        if change == "join":
+            joiner = self.cluster.fresh_id()
+            plan_rng = random.Random(rng.getrandbits(64))
+            return [
+                *self._beside_a_join(plans, faulty, joiner),
+                (self._join_in_burst, (joiner,), plan_rng),
+            ], joiner
         member = rng.choice(faulty)
         if change == "leave":
             departure: Plan = (self._leave_in_burst, (member,), random.Random(rng.getrandbits(64)))
@@ -409,7 +423,7 @@ class Injector:
             asker = rng.choice([node_id for node_id in self.cluster.ids if node_id not in faulty])
             plan_rng = random.Random(rng.getrandbits(64))
             departure = (self._forgotten_in_burst, (member, asker), plan_rng)
-        return [*self._without_crashes(plans, member), departure]
+        return [*self._without_crashes(plans, member), departure], None
 
     def _without_crashes(self, plans: list[Plan], departing: str) -> list[Plan]:
         """`plans` without crashes, beside a member's departure. The departing member takes
@@ -424,6 +438,36 @@ class Injector:
             if member != departing and member not in linked:
                 kept.append((self._links_in_burst, (member, "cut"), plan_rng))
         return kept
+
+    def _beside_a_join(self, plans: list[Plan], faulty: list[str], joiner: str) -> list[Plan]:
+        """`plans`, those of the faulty members beyond a minority put off until `joiner`
+        serves. Until then the joiner is a member without its memory, as a restarted life is,
+        so one of the faulty: of n + 1 members, n // 2 may be (one of four, two of six)."""
+        alongside = faulty[: len(self.cluster.ids) // 2 - 1]
+        return [
+            plan if plan[1][0] in alongside else (self._once_joined, (joiner, *plan[:2]), plan[2])
+            for plan in plans
+        ]
+
+    async def _once_joined(
+        self,
+        joiner: str,
+        act: Callable[..., Awaitable[None]],
+        args: tuple,
+        lasting: float,
+        rng: random.Random,
+    ) -> None:
+        """`act(*args, ...)` once `joiner` serves; nothing if it does not within
+        `RECOVERY_LIMIT` (the cluster, not whole after the heal, then fails of its own)."""
+        with trio.move_on_after(RECOVERY_LIMIT):
+            while not self._serves(joiner):
+                await trio.sleep(0.1)
+        if self._serves(joiner):
+            await act(*args, lasting, rng)
+
+    def _serves(self, node_id: str) -> bool:
+        node = self.cluster.nodes.get(node_id)
+        return bool(node and not node.crashed and node.semaphores and node.semaphores.ready)
 
     async def _crash_in_burst(self, member: str, lasting: float, rng: random.Random) -> None:
         """Crash `member` at some moment of the burst; start it again within 0.5 s (half the
@@ -544,3 +588,26 @@ class Injector:
     def _up(self) -> list:
         """The nodes whose current life runs."""
         return [node for node in self.cluster.nodes.values() if not node.crashed]
+
+    async def _join_in_burst(self, joiner: str, lasting: float, rng: random.Random) -> None:
+        """A new member starts at some moment of the burst and joins through its seeds (the
+        first members), while the faults go on."""
+        await trio.sleep(rng.uniform(0, lasting / 2))
+        self.history.note(f"{joiner} joins")
+        self.fired["overlap:join"] += 1
+        await self.restart(joiner)
+
+    async def _joiner_leaves(self, joiner: str) -> None:
+        """At the heal, once every member serves and counts the joiner among the members (or
+        after `RECOVERY_LIMIT`), the joiner leaves gracefully, and the cluster is to be whole
+        without it. Not before: its copies must not go while a restarted life reads from one
+        voter fewer (`_without_crashes`)."""
+        with trio.move_on_after(RECOVERY_LIMIT):
+            while not self.cluster.whole():
+                await trio.sleep(0.1)
+        node = self.cluster.nodes[joiner]
+        self.history.note(f"{joiner} leaves")
+        await node.leave()
+        if node.left:
+            self.history.down(joiner)
+        self.cluster.retire(joiner)

@@ -258,6 +258,15 @@ class _Cluster:
         if self._state_root is not None:
             self._state_root.cleanup()
 
+    def fresh_id(self) -> str:
+        """An id no life of this run has had: a new member's."""
+        return f"n{len(self._generations) + 1}"
+
+    def retire(self, node_id: str) -> None:
+        """`node_id` left for good (a member that joined for a while): `whole` no longer
+        waits for it."""
+        del self.nodes[node_id]
+
     def _failed(self, node_id: str, text: str) -> None:
         self.history.failure(node_id, text)
         self.history.down(node_id)
