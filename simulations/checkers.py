@@ -581,25 +581,30 @@ def _certain_goes(sends, window: float, per_node: bool) -> dict[int, list[_Go]]:
     decision that went (`_decisions`) is counted once, by its first answer
     (`rate_retries_once` checks that its repeats were answered with that go), as decided after
     its first try was sent."""
+    windows: dict[int, list[_Go]] = defaultdict(list)
+    for send, order, sent in _first_goes(sends, per_node):
+        index = math.floor(sent / window)
+        if math.floor(send.answered / window) == index:
+            windows[index].append(_Go(send.node, send.n, sent, send.answered, id(send), order))
+    return windows
+
+
+def _first_goes(sends, per_node: bool):
+    """Each decision that went (`_decisions`), once, by its first answer: (the send answered,
+    its position in the answer, when the decision's first try was sent)."""
     decisions = _decisions(sends, per_node)
     first_sent: dict[tuple[int, str], float] = {}
     for send in sends:
         for order, retry_id in enumerate(send.retry_ids):
             decision = decisions.get((id(send), order), (retry_id, send.node if per_node else ""))
             first_sent[decision] = min(send.sent, first_sent.get(decision, send.sent))
-    windows: dict[int, list[_Go]] = defaultdict(list)
     went: set[tuple[int, str]] = set()
     for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
         for order, go in enumerate(send.goes):
             decision = decisions[id(send), order]
-            if not go or decision in went:
-                continue
-            went.add(decision)
-            sent = first_sent[decision]
-            index = math.floor(sent / window)
-            if math.floor(send.answered / window) == index:
-                windows[index].append(_Go(send.node, send.n, sent, send.answered, id(send), order))
-    return windows
+            if go and decision not in went:
+                went.add(decision)
+                yield send, order, first_sent[decision]
 
 
 def _gossip_by_node_clocks(sends, clocks: NodeClocks, limiter: str, key: str, settings):
@@ -607,27 +612,14 @@ def _gossip_by_node_clocks(sends, clocks: NodeClocks, limiter: str, key: str, se
     its own clock (its own goes alone; what it heard of others only ever makes it admit less).
     A go counts where its decision certainly fell: one life, one window, from its first try's
     sending to its answer."""
-    decisions = _decisions(sends, per_node=True)
-    first_sent: dict[tuple[int, str], float] = {}
-    for send in sends:
-        for order, retry_id in enumerate(send.retry_ids):
-            decision = decisions.get((id(send), order), (retry_id, send.node))
-            first_sent[decision] = min(send.sent, first_sent.get(decision, send.sent))
     counts: dict[tuple, int] = defaultdict(int)
-    went: set[tuple[int, str]] = set()
-    for send in sorted((s for s in sends if s.goes), key=lambda s: s.answered):
-        for order, go in enumerate(send.goes):
-            decision = decisions[id(send), order]
-            if not go or decision in went:
-                continue
-            went.add(decision)
-            sent = first_sent[decision]
-            life = clocks.life_at(send.node, sent)
-            if life is None or life != clocks.life_at(send.node, send.answered):
-                continue
-            index = clocks.window(life, sent, settings.window)
-            if index is not None and index == clocks.window(life, send.answered, settings.window):
-                counts[life, index] += send.n
+    for send, _, sent in _first_goes(sends, per_node=True):
+        life = clocks.life_at(send.node, sent)
+        if life is None or life != clocks.life_at(send.node, send.answered):
+            continue
+        index = clocks.window(life, sent, settings.window)
+        if index is not None and index == clocks.window(life, send.answered, settings.window):
+            counts[life, index] += send.n
     return [
         f"[rate-gossip] {clocks.window_end(life, index, settings.window):.4f}: {life[0]} "
         f"(life {life[1]}) admitted {total} > {settings.limit} of {limiter} {key!r} in one "
