@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the package metadata changes.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test deep lint bench clean haproxy redis cluster chromium
+.PHONY: run test deep lint bench clean haproxy redis etcd zookeeper cluster chromium
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,7 @@ lint: $(INSTALLED)
 	@for package in cluster node client; do ln -sfn ../../$$package .typecheck/sluicegate/$$package; done
 	MYPYPATH=.typecheck $(BIN)/python -m mypy -p sluicegate.cluster -p sluicegate.node -p sluicegate.client
 
-bench: $(INSTALLED) redis
+bench: $(INSTALLED) redis etcd zookeeper
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/http_semaphores.py
 	$(BIN)/python bench/forwarding.py
@@ -74,11 +74,20 @@ bench: $(INSTALLED) redis
 	$(BIN)/python bench/websocket_framing.py
 	$(BIN)/python bench/cold_start.py
 	$(BIN)/python bench/cluster_of_one.py
+	$(BIN)/python bench/cluster_vs_peers.py
 
 # bench/rate_limits.py compares with Redis (Debian's package; the bench starts its own server on
 # a free loopback port). Installed as root, else through sudo. Tests do not need it.
 redis:
 	$(call debian,redis-server,redis-server)
+
+# bench/cluster_vs_peers.py compares our cluster with etcd and ZooKeeper (Debian's packages; the
+# bench starts three members of each on free loopback ports, and no service of theirs).
+etcd:
+	$(call debian,etcd,etcd-server)
+
+zookeeper:
+	$(call debian,/usr/share/zookeeper/bin/zkServer.sh,zookeeper)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info
