@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.peers import System  # noqa: E402
 from bench.peers.etcd import Etcd  # noqa: E402
-from bench.peers.processes import cpu_seconds  # noqa: E402
+from bench.peers.processes import cpu_seconds, machine_busy_seconds  # noqa: E402
 from bench.peers.sluicegate import Sluicegate  # noqa: E402
 from bench.peers.workloads import (  # noqa: E402
     CYCLE_LIMIT,
@@ -87,6 +87,8 @@ class Measured:
     p50: float
     server_cpu: float
     client_cpu: float
+    # The cores that the machine's other processes kept busy meanwhile: how busy it was.
+    others: float
     errors: Counter[str]
 
 
@@ -123,15 +125,19 @@ def server_cpu(pids: dict[str, int]) -> float:
 
 def measure(system: System, workload: Workload, duration: float) -> Measured:
     pids = system.members()
+    started, machine = time.monotonic(), machine_busy_seconds()
     servers, client = server_cpu(pids), time.process_time()
     run = Run()
     system.drive(workload, run, for_seconds(duration), duration + CYCLE_LIMIT + 10)
+    servers, client = server_cpu(pids) - servers, time.process_time() - client
+    others = machine_busy_seconds() - machine - servers - client
     cycles = max(len(run.cycles), 1)
     return Measured(
         rate=run.rate(),
         p50=run.p50() if run.cycles else math.nan,
-        server_cpu=(server_cpu(pids) - servers) / cycles,
-        client_cpu=(time.process_time() - client) / cycles,
+        server_cpu=servers / cycles,
+        client_cpu=client / cycles,
+        others=max(others, 0.0) / (time.monotonic() - started),
         errors=run.errors,
     )
 
@@ -198,7 +204,7 @@ def workload_medians(rounds: list[RoundFigures], workload: Workload) -> dict[str
     measured = [r.workloads[workload.name] for r in rounds if workload.name in r.workloads]
     return {
         key: median([getattr(m, key) for m in measured])
-        for key in ("rate", "p50", "server_cpu", "client_cpu")
+        for key in ("rate", "p50", "server_cpu", "client_cpu", "others")
     }
 
 
@@ -213,7 +219,7 @@ def print_system(system: System, rounds: list[RoundFigures]) -> None:
         return
     print(
         f"  {'medians of ' + str(len(rounds)) + ' round(s)':<28} {'cycles/s':>9} {'p50':>9}"
-        f" {'server CPU/cycle':>17} {'client CPU/cycle':>17} {'errors':>7}"
+        f" {'server CPU/cycle':>17} {'client CPU/cycle':>17} {'errors':>7} {'others':>7}"
     )
     for workload in WORKLOADS:
         m = workload_medians(rounds, workload)
@@ -221,7 +227,9 @@ def print_system(system: System, rounds: list[RoundFigures]) -> None:
         print(
             f"  {workload.name:<28} {m['rate']:>9.0f} {m['p50'] * 1000:>6.2f} ms"
             f" {m['server_cpu'] * 1000:>14.2f} ms {m['client_cpu'] * 1000:>14.2f} ms {errors:>7}"
+            f" {m['others']:>7.2f}"
         )
+    print("  (others: cores that other processes on the machine kept busy meanwhile)")
     members = sorted({name for r in rounds for name in r.idle})
     idle = ", ".join(f"{name} {median([r.idle[name] for r in rounds]):.1f}%" for name in members)
     print(f"  idle, of a core: {idle}")

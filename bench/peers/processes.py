@@ -21,6 +21,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every process on the machine has used since it booted, all cores."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / TICKS_PER_SECOND
+
+
 class Server:
     """One server process with its output in `log`."""
 
