@@ -38,6 +38,7 @@ from tests.cluster.ownership_model import (
     Model,
     overlapping_run,
     random_run,
+    forget_then_crash,
     restart_behind_a_slow_quorum,
 )
 from tests.collector import held
@@ -79,6 +80,16 @@ def test_a_vote_of_a_life_that_restarted_behind_a_slow_quorum_loses_no_committed
     of C over a slow link, after X's new life read C. Its read now comes after the quarantine,
     by when a quorum counted with the old life's word had formed."""
     model, slot, key = restart_behind_a_slow_quorum(0, pick)
+    assert key in model.committed[slot], "the schedule commits the write"
+    assert model.violations == []
+    assert model.serving() == []
+
+
+@pytest.mark.parametrize("pick", range(3))
+def test_a_departure_then_a_crash_loses_no_committed_write(pick):
+    """docs/cluster.md, "A departure, then a crash": the write was committed by O, X and F of
+    five; F is forgotten and X restarts. Its new life must read O, which alone holds it."""
+    model, slot, key = forget_then_crash(0, pick)
     assert key in model.committed[slot], "the schedule commits the write"
     assert model.violations == []
     assert model.serving() == []
