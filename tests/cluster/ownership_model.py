@@ -21,6 +21,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from sluicegate.cluster.departures import unsettled
 from sluicegate.cluster.ownership import Gained, Lost, Ownership
 from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.ring import Ring
@@ -44,6 +45,7 @@ class Life:
     heard: dict[str, float] = field(default_factory=dict)  # member -> local time last heard
     view: tuple = ()
     known: set = field(default_factory=set)
+    departures: tuple = ()
 
     def local(self, t: float) -> float:
         return self.offset + self.rate * t
@@ -102,8 +104,10 @@ class Model:
         self._keys = itertools.count(1)
         self.writes = 0
         self.gains = 0
-        # Members forgotten (`sluicegate forget`): no life counts them as voters any more.
+        # Members forgotten (`sluicegate forget`): no life counts them as voters any more;
+        # their departed lives, for cluster/departures.py.
         self.forgotten: set[str] = set()
+        self._departed: frozenset[tuple[str, int]] = frozenset()
         for node in self.ids if start is None else start:
             self.start(node, seeded=start is None or len(start) > 1)
         self._schedule(0.0, "probe")
@@ -150,6 +154,14 @@ class Model:
                     term.ended = True
                     del self._open[slot, key]
         self.lives[node] = None
+
+    def forget(self, node: str) -> None:
+        """`node`, dead, is forgotten: every life counts it out of the voters at once."""
+        life = self.lives[node]
+        assert life is not None
+        self.crash(node)
+        self.forgotten.add(node)
+        self._departed |= {(node, life.number)}
 
     def pause(self, node: str, seconds: float) -> None:
         life = self.lives[node]
@@ -263,6 +275,14 @@ class Model:
         if view != life.view:
             life.view = view
             life.core.members_changed(live, voters, now)
+        # What gossip would tell it of the departures, at once: every running life's claims.
+        claims = [
+            c for other in self.lives.values() if other is not None for c in other.core.claims()
+        ]
+        departures = (self._departed, frozenset(unsettled(self._departed, claims)))
+        if departures != life.departures:
+            life.departures = departures
+            life.core.departures_changed(*departures, now)
         # As `Membership.knows_the_cluster`, every other node being a seed: this life heard
         # from each of them.
         if set(self.ids) - {life.node} <= life.heard.keys():
@@ -489,8 +509,7 @@ def forget_then_crash(seed: int, pick: int = 0) -> tuple[Model, int, int]:
     end = model.t + 3 * LEASE
     while key not in model.committed[slot] and model.t < end:
         model.run_until(model.t + 0.001)
-    model.crash(f)
-    model.forgotten.add(f)
+    model.forget(f)
     model.run_until(model.t + 0.2)
     model.crash(x)
     model.partition(o, x)
