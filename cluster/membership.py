@@ -15,6 +15,11 @@ change by one member per forget, and this node refuses another forget, or one wh
 joins or leaves, until `settle` seconds after it last saw the voters change
 (docs/cluster.md, "Forgetting a member").
 
+An entry also carries what the node's writes settled of each departed life it knows of (a
+bit per slot written again without it, cluster/departures.py): a departure is settled once
+the entries together cover every slot (`departures`), and until then a new life's recovery
+read counts the departed member among the voters.
+
 An entry also carries a digest of the node's definitions (its semaphores and rate limiters), so
 that every node learns which live members were configured otherwise than itself
 (`drifted_members`): each decides by its own definitions, and a cluster that disagrees answers
@@ -29,6 +34,8 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+
+from .departures import Claim, Departed, unsettled
 
 DEFAULT_DOWN_AFTER = 3.0
 DEFAULT_FANOUT = 3
@@ -47,6 +54,8 @@ class MemberState:
     left: bool = False
     # A digest of the node's semaphore and rate-limit definitions (node/config.py).
     definitions: str = ""
+    # What the node's writes settled of each departed life it knows of (cluster/departures.py).
+    settled: tuple[Claim, ...] = ()
 
     @property
     def version(self) -> tuple[int, int, bool]:
@@ -160,6 +169,25 @@ class Membership:
         """The other members that said goodbye, or were forgotten (and have not come back
         since)."""
         return {node_id for node_id, e in self._others.items() if e.state.left}
+
+    def departures(self) -> tuple[frozenset[Departed], frozenset[Departed]]:
+        """The lives of the members that said goodbye or were forgotten, and of those the ones
+        not yet settled: the claims of every node known here do not cover every slot
+        (cluster/departures.py)."""
+        departed = frozenset(
+            (node_id, e.state.generation) for node_id, e in self._others.items() if e.state.left
+        )
+        if not departed:
+            return departed, departed
+        claims = [*self._me.settled]
+        for entry in self._others.values():
+            claims += entry.state.settled
+        return departed, frozenset(unsettled(departed, claims))
+
+    def claim(self, settled: tuple[Claim, ...]) -> None:
+        """What this node's writes settled, gossiped from now on."""
+        if settled != self._me.settled:
+            self._me = replace(self._me, settled=settled)
 
     def forgotten_members(self) -> set[str]:
         return {node_id for node_id, e in self._others.items() if e.state.forgotten}

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from .acceptor import Acceptor
+from .departures import Claim, Departed
 from .ownership_messages import (
     Accept,
     Accepted,
@@ -246,6 +247,25 @@ class Ownership:
         self.placement.members_changed(live, voters)
         self._designate()
         self.tick(now)
+
+    def departures_changed(
+        self, departed: Collection[Departed], unsettled: frozenset[Departed], now: float
+    ) -> None:
+        """The lives of the members that left or were forgotten, and those of them not yet
+        settled (cluster/departures.py): this node writes again each slot it acts for, and a
+        new life's read counts the unsettled ones."""
+        self.leases.settling.departures(departed, set(departed) - unsettled, now)
+        self.recovery.departed = unsettled
+        self.tick(now)
+
+    def claims(self) -> tuple[Claim, ...]:
+        """What this node's writes settled of each departure, for the membership to gossip."""
+        return self.leases.settling.claims()
+
+    @property
+    def claims_revision(self) -> int:
+        """Changes whenever `claims` does."""
+        return self.leases.settling.revision
 
     def expects_others(self, expected: bool) -> None:
         """Whether this node has seeds to hear from (`Membership.has_seeds`): then, knowing

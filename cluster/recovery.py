@@ -20,7 +20,8 @@ it has not read yet (`Recover`), and the first of `RULES` whose condition holds 
 | `_settling`        | waits: it learns the voters first                                    |
 | `_alone_but_seeded`| waits: it knows no other member, but has seeds to hear from          |
 | `_in_quarantine`   | waits: a lease of its previous life may run                          |
-| `_read_enough`     | adopts what n − q + 1 ready others hold (`Recovered`)                |
+| `_read_enough`     | adopts what n − q + 1 ready others hold (`Recovered`); n counts the  |
+|                    | departed members not yet settled (cluster/departures.py)             |
 | `_proposed`        | once a quorum accepted its proposal, starts its era (`ColdWon`)      |
 | `_too_few_blank`   | waits: fewer than a quorum are new lives with nothing                |
 | `_always`          | proposes an era above every floor it heard of (`ColdStart`)          |
@@ -35,6 +36,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .departures import Departed, reads_needed
 from .ownership_messages import (
     ColdAnswer,
     ColdStart,
@@ -155,6 +157,9 @@ class Recovery:
         self.voters_known = False
         # The node has seeds (`Ownership.expects_others`): knowing nobody, it waits for them.
         self.expects_others = False
+        # Departed members not yet settled (`Ownership.departures_changed`): its read counts
+        # them, not answering.
+        self.departed: frozenset[Departed] = frozenset()
         self._reading: _Reading | None = _Reading()
         self.recover_at = now
         # The largest cold-start proposal this life accepted, the one it started, and one that
@@ -242,8 +247,11 @@ class Recovery:
 
     def _read_enough(self, heard: _Heard, now: float) -> bool:
         """Any quorum that held the previous life holds at least `quorum - 1` of the others,
-        so this many ready others share a member with it (docs/cluster.md)."""
-        return bool(heard.read) and len(heard.read) >= len(heard.voters) - heard.quorum + 1
+        so this many ready others share a member with it (docs/cluster.md); a member departed
+        since it may have been in such a quorum too, and counts, not answering, until its
+        departure is settled (cluster/departures.py)."""
+        needed = reads_needed(len(heard.voters), len(self.departed))
+        return bool(heard.read) and len(heard.read) >= needed
 
     def _proposed(self, heard: _Heard, now: float) -> bool:
         return self._reading is not None and self._reading.proposal is not None

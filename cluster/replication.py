@@ -20,6 +20,7 @@ Pure: `now` comes in.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -153,6 +154,7 @@ class SlotWriter:
         "version",
         "vote_life",
         "_committed",
+        "committed_first_sent",
         "_sent",
         "_held",
         "_whole_sent",
@@ -166,6 +168,9 @@ class SlotWriter:
         self.version = 0
         self.vote_life = vote_life
         self._committed = 0
+        # When the latest committed version was first sent (its quorum counted the voters of
+        # then: cluster/departures.py).
+        self.committed_first_sent = -math.inf
         # version -> when it was first sent, for the versions not committed yet: an acceptor
         # that says it holds one accepted it since then
         self._sent: dict[int, float] = {}
@@ -240,6 +245,7 @@ class SlotWriter:
         need = quorum(voters)
         if len(fresh) >= need:
             self._committed = fresh[need - 1]
+            self.committed_first_sent = self._sent[self._committed]
             sent = self._sent  # in the order written, which is the order of versions
             while sent and (oldest := next(iter(sent))) <= self._committed:
                 del sent[oldest]

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .acceptor import Acceptor
+from .departures import Settling
 from .ownership_messages import (
     Event,
     Gained,
@@ -117,6 +118,8 @@ class SlotLeases:
         self._choose_copy = choose_copy
         # The slots this node takes or holds.
         self.owned: dict[int, OwnedSlot] = {}
+        # What its writes settled of each departed member (cluster/departures.py).
+        self.settling = Settling()
         # Per slot, the largest ballot seen anywhere: a new one goes above it.
         self.seen = [NO_BALLOT] * SLOTS
         # When to try to take a slot again (after a refusal or a lost lease), and how long the
@@ -328,6 +331,7 @@ class SlotLeases:
                 self._mail.send(sender, write)
         committed = writer.committed(self._placement.voters, now)
         self.gate.committed(slot, committed)
+        self.settling.committed(slot, writer.committed_first_sent)
         if slot in self._to_resign:
             self._resign(slot, now)
         if owned.phase == WRITING and committed >= 1:
@@ -372,10 +376,19 @@ class SlotLeases:
         voters = self._placement.voters
         for slot, owned in self.owned.items():
             writer = owned.writer
-            if writer is None or not writer.pending(voters, now):
+            if writer is None:
                 continue
             copy = self._acceptor.slots[slot].copy
             if copy.accepted != owned.ballot:
+                continue
+            if not writer.pending(voters, now):
+                if self.settling.unmarked(slot):
+                    # A member departed since this slot was last written: its copies went
+                    # with it, and a new life reads as if it had not gone until this write
+                    # is committed by the voters that remain (cluster/departures.py). The
+                    # acceptors missing what it follows say so, and get the slot whole.
+                    version = writer.next_version(now)
+                    self._mail.to_all(voters, Accept(slot, owned.ballot, version, False, [], []))
                 continue
             if now - writer.sent_at(writer.version) >= self.usable_lease / 2:
                 # Its acceptors' words are half spent (`SlotWriter.committed`): before they

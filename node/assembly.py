@@ -130,6 +130,7 @@ class Node:
                 send=parts.links.send,
                 on_slot_changes=self.rate_limits.slots_changed,
                 keep_era=parts.keep_era,
+                on_claims=parts.membership_actor.claim,
                 clock=seams.clock,
             )
             self.semaphores: LocalSemaphores | ClusterSemaphores = ClusterSemaphores(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sluicegate.cluster.departures import Claim
 from sluicegate.cluster.lock_messages import (
     Audit,
     LockAnswer,
@@ -67,11 +68,11 @@ from .wire import Codec
 # 20-33 (replicas streamed to every member, and the home and owner messages of that design);
 # 42-45 (rate-limit pulls, hand-offs and takeovers by failed member); 67-68 (a semaphore's
 # record with every lock in it); 39, 78 (rate-limit states that carried the sender's times, now
-# offsets from their sending: 85-86); 84 (gossiped events by age).
+# offsets from their sending: 85-86); 84 (gossiped events by age); 2 (a member's entry before it
+# carried its marks of departures: 87).
 LINK_CODEC = Codec(
     {
         1: Gossip,
-        2: MemberState,
         3: Call,
         4: Reply,
         5: Failure,
@@ -125,6 +126,8 @@ LINK_CODEC = Codec(
         83: Grant,
         85: RateState,
         86: SlotRates,
+        87: MemberState,
+        88: Claim,
         **HANDSHAKE_MESSAGES,
     }
 )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import trio
 
+from sluicegate.cluster.departures import Claim, Departed
 from sluicegate.cluster.membership import (
     Forgotten,
     Gossip,
@@ -73,6 +74,7 @@ class MembershipActor:
         self._drift_told_at = -math.inf
         self._nursery: trio.Nursery | None = None
         self.ring = Ring(membership.live_members())
+        self._departures = membership.departures()
 
     @property
     def node_id(self) -> str:
@@ -125,6 +127,16 @@ class MembershipActor:
             self._stop_dialing(node_id)
             self._on_change()
         return refused
+
+    def departures(self) -> tuple[frozenset[Departed], frozenset[Departed]]:
+        """See `Membership.departures`."""
+        return self._membership.departures()
+
+    def claim(self, settled: tuple[Claim, ...]) -> None:
+        """What this node's writes settled of departed members: gossiped from now on, and
+        maybe the last of a departure's slots."""
+        self._membership.claim(settled)
+        self._follow_departures()
 
     def down_members(self) -> set[str]:
         """Members counted for the quorum that this node believes down (silent, not left)."""
@@ -216,6 +228,14 @@ class MembershipActor:
         """Gossip that arrived over a link."""
         self._membership.receive(gossip, self._clock.now())
         self._apply_events()
+        self._follow_departures()
+
+    def _follow_departures(self) -> None:
+        """Tell of a change of the departures, or of which are settled, as of the members."""
+        departures = self._membership.departures()
+        if departures != self._departures:
+            self._departures = departures
+            self._on_change()
 
     async def leave(self) -> None:
         """Say goodbye over every link that is up, and wait (briefly) until it has left."""

@@ -183,6 +183,7 @@ class ClusterSemaphores:
         self._members: tuple | None = None
         self._knows_the_cluster = False
         self._seeded = False
+        self._departures: tuple = (frozenset(), frozenset())
         self.forwarded = 0
 
     @property
@@ -315,6 +316,10 @@ class ClusterSemaphores:
                 log.info("Members now: %s.", ", ".join(sorted(members[0])))
             self._members = members
             self._actor.members_changed(*members)
+        departures = self._membership.departures()
+        if departures != self._departures:
+            self._departures = departures
+            self._actor.departures_changed(*departures)
         seeded = self._membership.has_seeds()
         if seeded != self._seeded:
             self._seeded = seeded

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from sluicegate.cluster.departures import Claim, Departed
 from sluicegate.cluster.semaphore_ops import Operation
 from sluicegate.cluster.shard import Shard, SlotChange, SlotGained
 
@@ -37,6 +38,7 @@ class ShardActor:
         send: Callable[[str, object], object],
         on_slot_changes: Callable[[list[SlotChange]], None] = lambda changes: None,
         keep_era: Callable[[int], None] = lambda era: None,
+        on_claims: Callable[[tuple[Claim, ...]], None] = lambda claims: None,
         clock: Clock = TRIO_CLOCK,
     ) -> None:
         self.shard = shard
@@ -44,6 +46,9 @@ class ShardActor:
         # Keeps the era on disk (node/state_file.py) before a message of it leaves.
         self._keep_era = keep_era
         self._kept_era = 0
+        # What the ownership settled of departed members, for the membership to gossip.
+        self._on_claims = on_claims
+        self._claims_revision = 0
         self._on_slot_changes = on_slot_changes
         self._clock = clock
         self._ids = itertools.count(1)
@@ -96,6 +101,14 @@ class ShardActor:
     def members_changed(self, live: Mapping[str, int], voters: Iterable[str]) -> None:
         """The live members (id -> life) or the voters (members not gone for good) changed."""
         self.shard.members_changed(live, voters, self._clock.now())
+        self._after()
+
+    def departures_changed(
+        self, departed: frozenset[Departed], unsettled: frozenset[Departed]
+    ) -> None:
+        """The lives of the members that left or were forgotten, and those not yet settled
+        (`Ownership.departures_changed`)."""
+        self.shard.ownership.departures_changed(departed, unsettled, self._clock.now())
         self._after()
 
     def expects_others(self, expected: bool) -> None:
@@ -153,6 +166,10 @@ class ShardActor:
             self._kept_era = era
         for member, message in shard.outbox():
             self._send(member, message)
+        revision = shard.ownership.claims_revision
+        if revision != self._claims_revision:
+            self._claims_revision = revision
+            self._on_claims(shard.ownership.claims())
         changes = shard.slot_changes()
         if changes:
             self._note(changes)

@@ -43,11 +43,10 @@ other choices stay the same:
   a new life and a member again; or a new member (an id no life had) joins through the seeds
   and leaves gracefully at the heal, once the cluster with it is whole. Until it serves, a
   joiner counts as faulty, and it raises n: of four, one may be faulty, of six two, so the
-  faults beyond wait until it serves. A member that leaves or is forgotten goes without
-  another member crashing in its burst (`Injector._without_crashes`). After the burst,
-  everything heals at once. Half the seeds with `overlap` also run two of their nodes' clocks at
-  the full drift the protocol allows (cluster/slots.py's DRIFT, one fast and one slow), in
-  every life.
+  faults beyond wait until it serves. Another member may crash while one leaves or is
+  forgotten. After the burst, everything heals at once. Half the seeds with `overlap` also
+  run two of their nodes' clocks at the full drift the protocol allows (cluster/slots.py's
+  DRIFT, one fast and one slow), in every life.
 * `wall`: each node reads a time of day of its own (simulations/clocks.py's `TimeOfDay`), a
   few seconds off the true one, or hours, and stepped forwards and backwards during the run
   (`times_of_day`, `step_times_of_day`); its generations, eras and rate limits read it, and it
@@ -423,21 +422,13 @@ class Injector:
             asker = rng.choice([node_id for node_id in self.cluster.ids if node_id not in faulty])
             plan_rng = random.Random(rng.getrandbits(64))
             departure = (self._forgotten_in_burst, (member, asker), plan_rng)
-        return [*self._without_crashes(plans, member), departure], None
+        return [*self._beside_a_departure(plans, member), departure], None
 
-    def _without_crashes(self, plans: list[Plan], departing: str) -> list[Plan]:
-        """`plans` without crashes, beside a member's departure. The departing member takes
-        its copies with it, and a life that restarts meanwhile counts one voter fewer, so
-        reads from one other fewer: a write whose quorum held both could be missed, which
-        docs/cluster.md ("Forgetting a member") promises nothing about. Another member whose
-        only fault was its crash is cut instead."""
-        crashes = [plan for plan in plans if plan[0] == self._crash_in_burst]
-        kept = [plan for plan in plans if plan not in crashes]
-        linked = {args[0] for _, args, _ in kept}
-        for _, (member,), plan_rng in crashes:
-            if member != departing and member not in linked:
-                kept.append((self._links_in_burst, (member, "cut"), plan_rng))
-        return kept
+    def _beside_a_departure(self, plans: list[Plan], departing: str) -> list[Plan]:
+        """`plans`, but the departing member's own crash: its departure takes its place.
+        Another member's crash stays, and may come while the departure is not yet settled
+        (docs/cluster.md, "A departure, then a crash")."""
+        return [plan for plan in plans if plan[:2] != (self._crash_in_burst, (departing,))]
 
     def _beside_a_join(self, plans: list[Plan], faulty: list[str], joiner: str) -> list[Plan]:
         """`plans`, those of the faulty members beyond a minority put off until `joiner`
@@ -600,8 +591,7 @@ class Injector:
     async def _joiner_leaves(self, joiner: str) -> None:
         """At the heal, once every member serves and counts the joiner among the members (or
         after `RECOVERY_LIMIT`), the joiner leaves gracefully, and the cluster is to be whole
-        without it. Not before: its copies must not go while a restarted life reads from one
-        voter fewer (`_without_crashes`)."""
+        without it."""
         with trio.move_on_after(RECOVERY_LIMIT):
             while not self.cluster.whole():
                 await trio.sleep(0.1)

@@ -21,6 +21,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from sluicegate.cluster.departures import unsettled
 from sluicegate.cluster.ownership import Gained, Lost, Ownership
 from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.ring import Ring
@@ -44,6 +45,7 @@ class Life:
     heard: dict[str, float] = field(default_factory=dict)  # member -> local time last heard
     view: tuple = ()
     known: set = field(default_factory=set)
+    departures: tuple = ()
 
     def local(self, t: float) -> float:
         return self.offset + self.rate * t
@@ -102,6 +104,10 @@ class Model:
         self._keys = itertools.count(1)
         self.writes = 0
         self.gains = 0
+        # Members forgotten (`sluicegate forget`): no life counts them as voters any more;
+        # their departed lives, for cluster/departures.py.
+        self.forgotten: set[str] = set()
+        self._departed: frozenset[tuple[str, int]] = frozenset()
         for node in self.ids if start is None else start:
             self.start(node, seeded=start is None or len(start) > 1)
         self._schedule(0.0, "probe")
@@ -148,6 +154,14 @@ class Model:
                     term.ended = True
                     del self._open[slot, key]
         self.lives[node] = None
+
+    def forget(self, node: str) -> None:
+        """`node`, dead, is forgotten: every life counts it out of the voters at once."""
+        life = self.lives[node]
+        assert life is not None
+        self.crash(node)
+        self.forgotten.add(node)
+        self._departed |= {(node, life.number)}
 
     def pause(self, node: str, seconds: float) -> None:
         life = self.lives[node]
@@ -256,10 +270,19 @@ class Model:
                 live[member] = other.number if other is not None else 0
         life.known.update(live)
         voters = sorted(life.known) if self.known_voters else self.ids
+        voters = [member for member in voters if member not in self.forgotten]
         view = (tuple(sorted(live)), tuple(voters))
         if view != life.view:
             life.view = view
             life.core.members_changed(live, voters, now)
+        # What gossip would tell it of the departures, at once: every running life's claims.
+        claims = [
+            c for other in self.lives.values() if other is not None for c in other.core.claims()
+        ]
+        departures = (self._departed, frozenset(unsettled(self._departed, claims)))
+        if departures != life.departures:
+            life.departures = departures
+            life.core.departures_changed(*departures, now)
         # As `Membership.knows_the_cluster`, every other node being a seed: this life heard
         # from each of them.
         if set(self.ids) - {life.node} <= life.heard.keys():
@@ -451,6 +474,46 @@ def restart_behind_a_slow_quorum(seed: int, pick: int = 0) -> tuple[Model, int, 
         model.run_until(model.t + 0.001)
     model.run_until(model.t + 0.1)
     model.partition(o, c)
+    model.run_until(model.t + 6 * LEASE)
+    model.heal()
+    model.run_until(model.t + 6 * LEASE)
+    return model, slot, key
+
+
+def forget_then_crash(seed: int, pick: int = 0) -> tuple[Model, int, int]:
+    """A departure, then a crash (docs/cluster.md): five members; A and B are cut from the
+    owner O of a slot, so O's write is committed by O, X and F. F dies and is forgotten; X
+    crashes and starts again, cut from O. Two memories of five are lost, and O still holds
+    the write; but the voters are four, so X's new life reads two others, A and B. Then O is
+    cut off from everyone, and a quorum of {X, A, B} takes the slot. Returns the model, the
+    slot and the key of the write."""
+    model = Model(seed, nodes=5, skew=0.0)
+    model.run_until(5.0)
+    candidates = []
+    for o in model.ids:
+        life = model.lives[o]
+        assert life is not None
+        candidates += [(o, slot) for slot in life.core.acting_slots(life.local(model.t))]
+    o, slot = candidates[pick % len(candidates)]
+    x, f, a, b = [m for m in model.ids if m != o]
+    model.partition(o, a)
+    model.partition(o, b)
+    model.run_until(model.t + 0.5)
+    owner = model.lives[o]
+    assert owner is not None
+    now = owner.local(model.t)
+    key = 10**9
+    owner.core.write(slot, [PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)], [], now)
+    owner.core.gate.hold((slot, key))
+    model._after(owner, now)
+    end = model.t + 3 * LEASE
+    while key not in model.committed[slot] and model.t < end:
+        model.run_until(model.t + 0.001)
+    model.forget(f)
+    model.run_until(model.t + 0.2)
+    model.crash(x)
+    model.partition(o, x)
+    model.start(x)
     model.run_until(model.t + 6 * LEASE)
     model.heal()
     model.run_until(model.t + 6 * LEASE)

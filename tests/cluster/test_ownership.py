@@ -36,6 +36,7 @@ from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
 from tests.cluster.ownership_model import (
     LEASE,
     Model,
+    forget_then_crash,
     overlapping_run,
     random_run,
     restart_behind_a_slow_quorum,
@@ -82,6 +83,19 @@ def test_a_vote_of_a_life_that_restarted_behind_a_slow_quorum_loses_no_committed
     assert key in model.committed[slot], "the schedule commits the write"
     assert model.violations == []
     assert model.serving() == []
+
+
+@pytest.mark.parametrize("pick", range(3))
+def test_a_departure_then_a_crash_loses_no_committed_write(pick):
+    """docs/cluster.md, "A departure, then a crash": the write was committed by O, X and F of
+    five; F is forgotten and X restarts. Its new life reads as with five voters until every
+    slot has been written again without F, and so waits for O, which alone holds it."""
+    model, slot, key = forget_then_crash(0, pick)
+    assert key in model.committed[slot], "the schedule commits the write"
+    assert model.violations == []
+    assert model.serving() == []
+    # Every slot was written again without F: the read is back to two of four.
+    assert all(life.departures[1] == frozenset() for life in model.lives.values() if life)
 
 
 def cut_off_the_owner_mid_round(seed: int) -> Model:

@@ -3,6 +3,8 @@ writes, and a forwarded ask for a slice, and gives back what was sent."""
 
 from __future__ import annotations
 
+from sluicegate.cluster.departures import EVERY_SLOT, SLOT_BYTES, Claim
+from sluicegate.cluster.membership import Gossip, MemberState
 from sluicegate.cluster.ownership import (
     ColdAnswer,
     ColdStart,
@@ -61,3 +63,11 @@ def test_a_forwarded_ask_for_a_slice_and_its_grant_cross_a_node_link():
         Reply(8, Grant(0, 0, 0.0, retry_after=0.25)),
     ]
     assert LINK_CODEC.decode(LINK_CODEC.encode(messages)) == messages
+
+
+def test_a_members_claims_of_every_slot_cross_a_link():
+    """A departure's marks (cluster/departures.py) are a bit per slot: more than a wire's
+    integer holds, so they go as bytes."""
+    every = EVERY_SLOT.to_bytes(SLOT_BYTES, "little")
+    gossip = Gossip("a", (MemberState("a", "a:1", 1, 2, settled=(Claim("f", 7, every),)),))
+    assert LINK_CODEC.decode(LINK_CODEC.encode([gossip])) == [gossip]

@@ -7,19 +7,37 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluicegate.cluster.departures import Claim
 from sluicegate.cluster.membership import Gossip, MemberState
 from sluicegate.cluster.semaphore_ops import Acquire, Heartbeat, IsAcquired, Remainder, Restore
 from sluicegate.node.wire import MAX_FRAME, Codec, WireError
 
 CODEC = Codec(
-    {1: Gossip, 2: MemberState, 3: Acquire, 4: Restore, 5: IsAcquired, 6: Heartbeat, 7: Remainder}
+    {
+        1: Gossip,
+        2: MemberState,
+        3: Acquire,
+        4: Restore,
+        5: IsAcquired,
+        6: Heartbeat,
+        7: Remainder,
+        8: Claim,
+    }
 )
 
 u64 = st.integers(0, 2**64 - 1)
 names = st.text(max_size=20)
 seconds = st.floats(0, 1e9, allow_nan=False)
+claim = st.builds(Claim, names, st.integers(0, 2**40), st.binary(min_size=32, max_size=32))
 member = st.builds(
-    MemberState, names, names, st.integers(0, 2**40), st.integers(0, 2**40), st.booleans()
+    MemberState,
+    names,
+    names,
+    st.integers(0, 2**40),
+    st.integers(0, 2**40),
+    st.booleans(),
+    names,
+    st.lists(claim, max_size=3).map(tuple),
 )
 message = st.one_of(
     st.builds(Gossip, names, st.lists(member, max_size=5).map(tuple)),
@@ -78,9 +96,12 @@ def test_arbitrary_msgpack_values_are_rejected_cleanly(value):
         ([[3, "x", "A", 1, None, None, None]], "Acquire.peer_id: expected int, got str"),
         ([[3, True, "A", 1, None, None, None]], "Acquire.peer_id: expected int, got bool"),
         ([[4, 1, 60.0, {"A": "x"}, None]], "Restore.acquired[]: expected int, got str"),
-        ([[1, "n1", [[2, "n1", "a", 1, "2", False, ""]]]], "MemberState.heartbeat: expected int"),
+        (
+            [[1, "n1", [[2, "n1", "a", 1, "2", False, "", []]]]],
+            "MemberState.heartbeat: expected int",
+        ),
         ([[1, "n1", [[3, 1, "A", 1, None, None, False]]]], "expected MemberState, got Acquire"),
-        ([[1, "n1", [[2, "n1", "a", 1]]]], "MemberState takes 6 fields, got 3"),
+        ([[1, "n1", [[2, "n1", "a", 1]]]], "MemberState takes 7 fields, got 3"),
     ],
 )
 def test_malformed_messages_say_what_is_wrong(value, message):
