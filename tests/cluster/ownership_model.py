@@ -347,6 +347,22 @@ class Model:
             self.run_until(self.t + 0.05)
         return self.t - start
 
+    def write_one(self, node: str, slot: int) -> int:
+        """`node`, acting for `slot`, writes one record, held back until committed; its key."""
+        life = self.lives[node]
+        assert life is not None
+        now = life.local(self.t)
+        key = 10**9 + next(self._keys)
+        life.core.write(slot, [PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)], [], now)
+        life.core.gate.hold((slot, key))
+        self._after(life, now)
+        return key
+
+    def run_until_committed(self, slot: int, key: int, limit: float = 3 * LEASE) -> None:
+        end = self.t + limit
+        while key not in self.committed[slot] and self.t < end:
+            self.run_until(self.t + 0.001)
+
     # -- after the faults -------------------------------------------------------------------
 
     def serving(self) -> list[int]:
@@ -455,13 +471,9 @@ def restart_behind_a_slow_quorum(seed: int, pick: int = 0) -> tuple[Model, int, 
     model.partition(o, d)
     model.slow_down(o, c, 0.3 * LEASE)
     model.run_until(model.t + 0.5)  # B's and D's lease promises to O run out
+    key = model.write_one(o, slot)
     owner = model.lives[o]
     assert owner is not None
-    now = owner.local(model.t)
-    key = 10**9
-    owner.core.write(slot, [PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)], [], now)
-    owner.core.gate.hold((slot, key))
-    model._after(owner, now)
     writer = owner.core.leases.owned[slot].writer
     assert writer is not None
     while writer._held.get(x, 0) < writer.version:
@@ -469,9 +481,7 @@ def restart_behind_a_slow_quorum(seed: int, pick: int = 0) -> tuple[Model, int, 
     model.crash(x)
     model.partition(o, x)
     model.start(x)
-    end = model.t + 3 * LEASE
-    while key not in model.committed[slot] and model.t < end:
-        model.run_until(model.t + 0.001)
+    model.run_until_committed(slot, key)
     model.run_until(model.t + 0.1)
     model.partition(o, c)
     model.run_until(model.t + 6 * LEASE)
@@ -499,16 +509,8 @@ def forget_then_crash(seed: int, pick: int = 0) -> tuple[Model, int, int]:
     model.partition(o, a)
     model.partition(o, b)
     model.run_until(model.t + 0.5)
-    owner = model.lives[o]
-    assert owner is not None
-    now = owner.local(model.t)
-    key = 10**9
-    owner.core.write(slot, [PeerRecord(key, 1e9, 0.0, {}, None, 0, {}, {}, 1, 0)], [], now)
-    owner.core.gate.hold((slot, key))
-    model._after(owner, now)
-    end = model.t + 3 * LEASE
-    while key not in model.committed[slot] and model.t < end:
-        model.run_until(model.t + 0.001)
+    key = model.write_one(o, slot)
+    model.run_until_committed(slot, key)
     model.forget(f)
     model.run_until(model.t + 0.2)
     model.crash(x)
