@@ -63,12 +63,12 @@ def test_every_planted_bug_has_a_seed_within_the_budget():
     assert all(seed in PASSING for seed, _ in CAUGHT.values())
 
 
-@pytest.mark.parametrize("wall", [False, True], ids=["as run", "with wall"])
-def test_without_a_planted_bug_those_seeds_pass(tmp_path, wall):
+def test_without_a_planted_bug_those_seeds_pass_with_wall(tmp_path):
+    """(The others are seeds of the sweep, which must pass: tests/simulations/test_sweeps.py.)"""
     seeds = tmp_path / "seeds.txt"
-    planted = {seed for bug, (seed, _) in CAUGHT.items() if (bug in WALL) == wall}
+    planted = {seed for bug, (seed, _) in CAUGHT.items() if bug in WALL}
     seeds.write_text("".join(f"{seed}\n" for seed in sorted(planted)))
-    done = simulate("--seeds-from", str(seeds), *(["--with", "wall"] if wall else []), timeout=600)
+    done = simulate("--seeds-from", str(seeds), "--with", "wall", timeout=600)
     assert done.returncode == 0, done.stdout
 
 
