@@ -41,10 +41,12 @@ class Settling:
     """The slots this node's own writes settled, of each departure it knows of."""
 
     def __init__(self) -> None:
-        # Departed life -> when this node learned of it (a version first sent since then was
-        # counted without it).
-        self._since: dict[Departed, float] = {}
+        # Departed life -> this node's marks (a bit per slot).
         self._marked: dict[Departed, int] = {}
+        # The departures not yet settled everywhere -> when this node learned of each (a
+        # version first sent since then was counted without it): only these are marked still,
+        # on every commit (a hot path) and at every lease round.
+        self._since: dict[Departed, float] = {}
         # Counts the changes of the marks: whoever gossips them looks here first.
         self.revision = 0
 
@@ -56,14 +58,16 @@ class Settling:
         node that learns of it from this one alone."""
         before = dict(self._marked)
         for life in departed:
-            if life not in self._since:
-                self._since[life] = now
+            if life not in self._marked:
                 self._marked[life] = 0
-        for life in list(self._since):
+                self._since[life] = now
+        for life in list(self._marked):
             if life not in departed:  # it came back: a member again
-                del self._since[life], self._marked[life]
+                del self._marked[life]
+                self._since.pop(life, None)
             elif life in settled:
                 self._marked[life] = EVERY_SLOT
+                self._since.pop(life, None)
         if self._marked != before:
             self.revision += 1
 
@@ -78,7 +82,7 @@ class Settling:
     def unmarked(self, slot: int) -> bool:
         """Is `slot` to be written again, for some departure?"""
         bit = 1 << slot
-        return any(not marked & bit for marked in self._marked.values())
+        return any(not self._marked[life] & bit for life in self._since)
 
     def claims(self) -> tuple[Claim, ...]:
         return tuple(

@@ -394,9 +394,7 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
         trace_hash=hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16],
         operations=history.operations,
         faults=injector.fired
-        + Counter(
-            {"skew": int("skew" in extra_kinds), "wall": int(bool(steps or history.times_of_day))}
-        )
+        + Counter({"skew": int("skew" in extra_kinds), "wall": int(bool(history.times_of_day))})
         + Counter({"wall:step": len(steps)}),
         violations=violations,
         trace=trace,

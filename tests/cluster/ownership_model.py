@@ -347,6 +347,15 @@ class Model:
             self.run_until(self.t + 0.05)
         return self.t - start
 
+    def acting(self) -> list[tuple[str, int]]:
+        """(node, slot) for each slot a running life acts for now, by node."""
+        return [
+            (node, slot)
+            for node, life in self.lives.items()
+            if life is not None
+            for slot in life.core.acting_slots(life.local(self.t))
+        ]
+
     def write_one(self, node: str, slot: int) -> int:
         """`node`, acting for `slot`, writes one record, held back until committed; its key."""
         life = self.lives[node]
@@ -456,16 +465,9 @@ def restart_behind_a_slow_quorum(seed: int, pick: int = 0) -> tuple[Model, int, 
     model, the slot and the key of the write."""
     model = Model(seed, nodes=5, skew=0.0)
     model.run_until(5.0)
-    candidates = []
-    for o in model.ids:
-        life = model.lives[o]
-        assert life is not None
-        others = sorted(set(model.ids) - {o})
-        ring = slot_owners(Ring(others))
-        candidates += [
-            (o, slot, ring[slot], others) for slot in life.core.acting_slots(life.local(model.t))
-        ]
-    o, slot, x, others = candidates[pick % len(candidates)]
+    o, slot = model.acting()[pick % len(model.acting())]
+    others = sorted(set(model.ids) - {o})
+    x = slot_owners(Ring(others))[slot]
     c, b, d = [m for m in others if m != x]
     model.partition(o, b)
     model.partition(o, d)
@@ -499,12 +501,7 @@ def forget_then_crash(seed: int, pick: int = 0) -> tuple[Model, int, int]:
     slot and the key of the write."""
     model = Model(seed, nodes=5, skew=0.0)
     model.run_until(5.0)
-    candidates = []
-    for o in model.ids:
-        life = model.lives[o]
-        assert life is not None
-        candidates += [(o, slot) for slot in life.core.acting_slots(life.local(model.t))]
-    o, slot = candidates[pick % len(candidates)]
+    o, slot = model.acting()[pick % len(model.acting())]
     x, f, a, b = [m for m in model.ids if m != o]
     model.partition(o, a)
     model.partition(o, b)
