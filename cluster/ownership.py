@@ -244,7 +244,7 @@ class Ownership:
 
     def members_changed(self, live: Mapping[str, int], voters: Collection[str], now: float) -> None:
         """The live members (id -> life) and the voters (members not gone for good) changed."""
-        self.placement.members_changed(live, voters)
+        self.placement.members_changed(live, voters, self.ready)
         self._designate()
         self.tick(now)
 

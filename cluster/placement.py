@@ -4,7 +4,10 @@ and leases", "New lives, and a cold start", "Routing").
 The ring names a live member for each slot, over the members that are not recovering: a member
 back from a crash before its old leases ran out would otherwise keep its slots from everyone
 until its own recovery ends, a lease and more later. What a member sent last says whether it
-recovers (`FROM_RECOVERING`).
+recovers (`FROM_RECOVERING`); a life this node learns of, once it is ready itself, recovers
+until it sends something only a ready life sends. A new life heard of only through gossip
+(its links to this node cut) would otherwise be named for its slots by the ready verdict of
+the life before it, while it cannot become ready: five-node seed 309768660.
 
 Pure: `now` comes in.
 """
@@ -69,7 +72,16 @@ class Placement:
         # when (for routing only).
         self.lessees: dict[int, tuple[str, float]] = {}
 
-    def members_changed(self, live: Mapping[str, int], voters: Collection[str]) -> None:
+    def members_changed(
+        self, live: Mapping[str, int], voters: Collection[str], ready: bool
+    ) -> None:
+        if ready:
+            known = self.live
+            self.recovering.update(
+                member
+                for member, life in live.items()
+                if member != self.me and known.get(member) != life
+            )
         self.live = dict(live)
         self.voters = frozenset(voters) | {self.me}
         self.quorum = quorum_of(self.voters)

@@ -233,6 +233,25 @@ def test_a_node_back_from_a_crash_before_its_leases_ended_does_not_keep_its_slot
     assert model.violations == [] and model.serving() == []
 
 
+def test_a_new_life_heard_of_only_through_gossip_is_named_for_no_slot_until_it_is_heard_ready():
+    """Its links to this node are cut, so its `Recover` never comes here: named by the ready
+    verdict of the life before it, it kept its slots from everyone while it could not become
+    ready itself (five-node seed 309768660, a lease lost)."""
+    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    voters = {"n1", "n2", "n3"}
+    core.members_changed({m: 1 for m in voters}, voters, 0.0)
+    core._become_ready(5, 0.0, cold=True)
+    n2_slots = [s for s in range(SLOTS) if core.owner_of(s) == "n2"]
+    assert n2_slots
+    core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.0)
+    assert not any(core.owner_of(s) == "n2" for s in range(SLOTS))
+    assert {core.owner_of(s) for s in n2_slots} <= {"n1", "n3"}
+    core.receive("n2", Renew(1, 5, [], []), 1.1)  # only a ready life renews
+    assert [s for s in range(SLOTS) if core.owner_of(s) == "n2"] == n2_slots
+    core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.2)
+    assert [s for s in range(SLOTS) if core.owner_of(s) == "n2"] == n2_slots, "a life known"
+
+
 def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
     core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
@@ -344,8 +363,9 @@ def test_a_write_committed_after_its_lease_ran_out_gains_nothing():
     meanwhile, and the answers it woke to made it gain from what it had adopted, without those
     writes (model seed 1132)."""
     core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
-    core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.tick(0.0)
     prepares = [m for _, m in core.outbox() if isinstance(m, Prepare)]
     slot, ballot = prepares[0].slot, prepares[0].ballot
     core.receive("n2", Promise(slot, ballot, NO_BALLOT, 0, []), 0.01)
@@ -392,8 +412,8 @@ def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
     """Its own acceptor refused for n1's lease, which ends in 0.1 s; n2, its clock ahead,
     promised: the preparer asks again within a quarter lease, not after a whole one."""
     core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
-    core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n3": 1}, {"n1", "n2", "n3"}, 0.0)  # alone: it prepares nothing
+    core._become_ready(5, 0.0, cold=True)
     core.receive("n1", Prepare(3, Ballot(5, 1, "n1")), 0.0)  # leased to n1 until 1.0
     core.leases.prepare(3, core.era, 0.9)
     core._drain(0.9)  # refused by its own acceptor: one answer of a quorum of two
@@ -410,8 +430,8 @@ def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum()
     promise comes after the refusal: three promises are a quorum, and it adopts the slot
     (five-node seed 1835274876 gave up on n3's refusal and left the slot unserved 3.9 s)."""
     core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
-    core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
     core.leases.prepare(3, core.era, 0.0)
     core._drain(0.0)
     ballot = core.leases.owned[3].ballot
@@ -587,8 +607,8 @@ def test_slots_spread_over_the_members():
 
 def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
     core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
-    core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
     slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
     core.outbox()
     core.receive("n2", Prepare(slot, Ballot(5, 9, "n2")), 0.5)  # n2 holds its lease now
@@ -604,8 +624,8 @@ def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
 
 def test_a_node_does_not_serve_for_a_lease_its_own_acceptor_promised_it_in_vain():
     core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
-    core._become_ready(5, 0.0, cold=True)
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
     slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3" and not core.acting(s, 0.0))
     core.outbox()
     # n3 asked for the slot and promised itself; n2 refused, for n1's lease.

@@ -35,7 +35,7 @@ from simulations.script import Stage, run_script
 from simulations.workload import EXPIRES_IN
 from sluicegate.cluster import recovery
 from sluicegate.cluster.replication import Accept, Accepted
-from sluicegate.cluster.ring import semaphore_key
+from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import LockRecord
 
 # The slow link between O and C, each way (the issue says 0.5 to 0.7 s).
@@ -242,3 +242,40 @@ def test_a_life_that_may_start_alone_when_cut_off_loses_the_clusters_state(monke
     monkeypatch.setattr(recovery, "RULES", tuple(r for r in recovery.RULES if r[0] is not alone))
     history = run_script(restart_into_a_cut, seed=0, nodes=3)
     assert any(v.startswith("[o2]") for v in violations_of(history)), "\n".join(history.lines())
+
+
+async def restart_heard_by_one(stage: Stage) -> dict[str, str]:
+    """A client holds A for three leases, its peer homed at X. X crashes and starts again at
+    once, cut off from every member but Y, which is not the member the ring names for the
+    peer's slot once X is gone (S is). X's new life cannot recover: it reads Y alone."""
+    history = stage.history
+    async with stage.client("c0", list(stage.ids)) as client:
+        history.asked("c0.0", "A", 1)
+        async with client.lock("A") as lease:
+            history.granted("c0.0", "A", 1, lease.fencing_token, lease.peer_id)
+            x = stage.home_of(lease.peer_id)
+            s = stage.next_for(peer_key(lease.peer_id), without=x)
+            y = next(m for m in stage.ids if m not in (x, s))
+            cut_off = [m for m in stage.ids if m not in (x, y)]
+            await stage.play([(0.0, "crash", x), *[(0.0, "cut", x, o) for o in cut_off]])
+            await stage.start(x)
+            await stage.sleep(3 * EXPIRES_IN)
+            history.released("c0.0", "A", 1, lost=lease.lost)
+    stage.heal()
+    return {"X": x, "Y": y, "S": s}
+
+
+def test_a_new_life_heard_of_only_through_gossip_keeps_no_slot_from_the_others():
+    """Five-node seed 309768660 of `run --with overlap`, pinned: the members X is cut from learn
+    of its new life through Y's gossip alone, and named it for its slots by the ready verdict
+    of its life before; S never took the peer's slot, and the heartbeated lease ran out."""
+    roles: dict[str, str] = {}
+
+    async def script(stage: Stage) -> None:
+        roles.update(await restart_heard_by_one(stage))
+
+    history = run_script(script, seed=0)
+    trace = "\n".join(history.lines())
+    assert roles["S"] not in (roles["X"], roles["Y"]), roles
+    assert any(e.kind == "released" and e.who == "c0.0" for e in history.events), trace
+    assert check_history(history, CONFIG, EXPIRES_IN) == [], trace
