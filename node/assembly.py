@@ -78,8 +78,9 @@ class Seams:
     clock: Clock = TRIO_CLOCK
     # The time of day: rate limits decide at its rate and on its windows, never its steps.
     wall: Callable[[], float] = time.time
-    # Whether a link sends a message a second time (never, but in a duplicating simulation).
-    repeat: Callable[[object], bool] | None = None
+    # Whether a link sends a message a second time (never, but in a duplicating simulation):
+    # `repeat(remote_id, message, remote_life)`.
+    repeat: Callable[[str, object, int | None], bool] | None = None
 
 
 class Node:

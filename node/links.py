@@ -259,6 +259,11 @@ class Link:
         return self._carrier is not None
 
     @property
+    def remote_generation(self) -> int | None:
+        """The life of the remote node this link carries to, or last did."""
+        return self._remote_generation
+
+    @property
     def unacknowledged(self) -> int:
         """Messages the other end has not acknowledged (sent or not)."""
         return len(self._outbox)
@@ -476,12 +481,14 @@ class Links:
         generation: int,
         on_link_down: Callable[[str], None] = lambda remote_id: None,
         clock: Clock = TRIO_CLOCK,
-        repeat: Callable[[object], bool] | None = None,
+        repeat: Callable[[str, object, int | None], bool] | None = None,
     ) -> None:
         """`generation` is this node's life, told to the other end of every link;
         `on_link_down(remote_id)` is called whenever the link to a node goes down; `clock`
-        times backoffs, acknowledgements, handshakes and holds; `repeat(message)`, if given,
-        says to send a message twice (the simulations' duplicating network)."""
+        times backoffs, acknowledgements, handshakes and holds; `repeat(remote_id, message,
+        life)`, if given, says to send a message twice (the simulations' duplicating network),
+        `life` being the remote node's life it goes to (the one asked for, else the one the
+        link carries to now, if any)."""
         self.node_id = node_id
         self._repeat = repeat
         self._clock = clock
@@ -509,8 +516,10 @@ class Links:
         its number on that link (twice, when `repeat` says so: the number of the first)."""
         link = self.link(remote_id)
         number = link.send(message, generation)
-        if self._repeat is not None and self._repeat(message):
-            link.send(message, generation)
+        if self._repeat is not None:
+            life = generation if generation is not None else link.remote_generation
+            if self._repeat(remote_id, message, life):
+                link.send(message, generation)
         return number
 
     def find(self, remote_id: str) -> Link | None:

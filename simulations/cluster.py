@@ -14,7 +14,10 @@ that died of it would be, and `on_failure` hears of it (a violation of its own).
 
 While the network duplicates (`SimNetwork.duplicating`), a node sends the messages between
 homes and owners, those of slot ownership and replication, and rate-limit gossip, twice:
-docs/cluster.md says repeated messages change nothing. (Not the frames: a link numbers its
+docs/cluster.md says repeated messages change nothing. In overlap's bursts half the second
+copies come later, up to a second (`SimNetwork.repeating_late`), after what the node sent
+meanwhile: a link keeps one life's messages in order, so an old copy behind newer ones is the
+reordering a node can see. (Not the frames: a link numbers its
 messages and drops what it had, so a repeated frame would test nothing; a node that said
 something twice is what the cores must bear.)
 """
@@ -153,10 +156,15 @@ class SimNode:
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         network = self._network
 
-        def repeat(message: object) -> bool:
-            if network.duplicating and isinstance(message, REPEATABLE):
-                network.duplicated += 1
+        def repeat(remote_id: str, message: object, life: int | None) -> bool:
+            if not network.duplicating or not isinstance(message, REPEATABLE):
+                return False
+            network.duplicated += 1
+            later = network.late_repeat()
+            if later is None:
                 return True
+            if life is not None:  # a copy for the life the first went to, or for none
+                nursery.start_soon(self._send_late, later, remote_id, message, life)
             return False
 
         seams = Seams(
@@ -193,6 +201,14 @@ class SimNode:
             await nursery.start(node.run)
             self.membership, self.semaphores = node.membership, node.semaphores
             task_status.started()
+
+    async def _send_late(self, later: float, remote_id: str, message: object, life: int) -> None:
+        """The second copy of `message`, `later` seconds after the first, for the same life of
+        `remote_id` (the link drops it if it carries to another by then)."""
+        await self.clock.sleep(later)
+        cluster = self._node._cluster if self._node is not None else None
+        if cluster is not None and not self.crashed:
+            cluster.links.link(remote_id).send(message, life)
 
     @property
     def ownership(self):

@@ -37,16 +37,17 @@ other choices stay the same:
   within 0.5 s, or later), and maybe, overlapping it, a cut from the others (both ways or one),
   slow links (0.5 to 0.7 s each way), or clogged ones, each starting at its own moment, so that
   a member restarts into a cut, crashes while another is cut or clogged, or two crash together.
-  A third of the bursts repeat messages too (`duplicate`'s). Half the bursts change the members
-  too, once: a faulty member leaves gracefully; or it crashes, stays down, and a live member
-  that is not faulty forgets it (`forget`, as `sluicegate forget` asks), and it starts again,
-  a new life and a member again; or a new member (an id no life had) joins through the seeds
-  and leaves gracefully at the heal, once the cluster with it is whole. Until it serves, a
-  joiner counts as faulty, and it raises n: of four, one may be faulty, of six two, so the
-  faults beyond wait until it serves. Another member may crash while one leaves or is
-  forgotten. After the burst, everything heals at once. Half the seeds with `overlap` also
-  run two of their nodes' clocks at the full drift the protocol allows (cluster/slots.py's
-  DRIFT, one fast and one slow), in every life.
+  A third of the bursts repeat messages too (`duplicate`'s), half of the second copies a
+  moment later, behind what was sent meanwhile (`SimNetwork.late_repeat`). Half the bursts
+  change the members too, once: a faulty member leaves gracefully; or it crashes, stays down,
+  and a live member that is not faulty forgets it (`forget`, as `sluicegate forget` asks), and
+  it starts again, a new life and a member again; or a new member (an id no life had) joins
+  through the seeds and leaves gracefully at the heal, once the cluster with it is whole.
+  Until it serves, a joiner counts as faulty, and it raises n: of four, one may be faulty, of
+  six two, so the faults beyond wait until it serves. Another member may crash while one
+  leaves or is forgotten. After the burst, everything heals at once. Half the seeds with
+  `overlap` also run two of their nodes' clocks at the full drift the protocol allows
+  (cluster/slots.py's DRIFT, one fast and one slow), in every life.
 * `wall`: each node reads a time of day of its own (simulations/clocks.py's `TimeOfDay`), a
   few seconds off the true one, or hours, and stepped forwards and backwards during the run
   (`times_of_day`, `step_times_of_day`); its generations, eras and rate limits read it, and it
@@ -365,7 +366,7 @@ class Injector:
         self.history.note("overlapping faults on " + ", ".join(faulty))
         duplicating = rng.random() < 1 / 3
         if duplicating:
-            self.network.duplicating = True
+            self.network.duplicating = self.network.repeating_late = True
             self.history.note("messages repeated")
             self.fired["overlap:duplicate"] += 1
         faults: list[tuple[Callable[..., Awaitable[None]], tuple]] = []
@@ -390,7 +391,7 @@ class Injector:
                     self.network.delay(member, place, 0)
                     self.network.release(member, place)
         if duplicating:
-            self.network.duplicating = False
+            self.network.duplicating = self.network.repeating_late = False
         for member in faulty:
             if self.cluster.nodes[member].crashed:
                 await self.restart(member)

@@ -16,7 +16,9 @@ simulations inject act here:
   its own tasks that write or read a stream wait until `thaw`; `freeze_mid_write` freezes it in
   the middle of its next write, whose first part is delivered and the rest held;
 * repeated requests (`duplicating`): the ends that speak messages (clients' WebSockets, node
-  links) look at this flag and send some of their messages twice (`cluster.py`, `run.py`).
+  links) look at this flag and send some of their messages twice (`cluster.py`, `run.py`);
+  with `repeating_late` too, a node link sends half of those second copies later
+  (`late_repeat`), after what it sent meanwhile.
 
 Bytes that need no delay go straight through, as `trio.testing.memory_stream_pair` does; only
 delayed or held ones go through `run`'s queue, so a run without such faults costs no more.
@@ -100,8 +102,12 @@ class _Connection:
             pipe.receive.close()
 
 
+# A late second copy of a message comes this long after the first, at most.
+LATE_REPEAT = 1.0
+
+
 class SimNetwork:
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self._listeners: dict[str, tuple[str, Accept]] = {}  # address -> (place, accept)
         self._connections: list[_Connection] = []
         # (from, to) pairs whose packets are lost: connections from the first to the second.
@@ -122,6 +128,18 @@ class SimNetwork:
         # While set, messages that may be repeated are sent twice; how many were.
         self.duplicating = False
         self.duplicated = 0
+        # While set too, half the second copies come later; drawn from a source of its own, so
+        # that runs without late copies keep their histories.
+        self.repeating_late = False
+        self.repeated_late = 0
+        self._late = random.Random(f"late repeats {seed}")
+
+    def late_repeat(self) -> float | None:
+        """How long after a message its second copy goes, if later than at once."""
+        if not self.repeating_late or self._late.random() < 0.5:
+            return None
+        self.repeated_late += 1
+        return self._late.uniform(0.0, LATE_REPEAT)
 
     def listen(self, place: str, address: str, accept: Accept) -> None:
         self._listeners[address] = (place, accept)

@@ -303,7 +303,7 @@ class _Cluster:
 async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability: bool) -> Outcome:
     rng = random.Random(seed)
     history = _running[0] = History()
-    network = SimNetwork()
+    network = SimNetwork(seed)
     ids = [f"n{i}" for i in range(1, nodes + 1)]
     extra_kinds, rates = extra_faults(seed, extra, ids)
     history.times_of_day, steps = times_of_day(seed, extra, ids, DURATION)
@@ -387,6 +387,7 @@ async def _simulate(seed: int, nodes: int, extra: tuple[str, ...], availability:
             "writes applied": sum(1 for e in history.events if e.kind == "applied"),
             "stale writes rejected": sum(1 for e in history.events if e.kind == "rejected"),
             "messages repeated": network.duplicated,
+            "messages repeated late": network.repeated_late,
         }
     )
     return Outcome(

@@ -51,7 +51,9 @@ class Network:
         self.streams: list[trio.testing.MemorySendStream] = []
         self.down: set[str] = set()
 
-    def add(self, node_id: str, secret: bytes = b"s3cret", generation: int = 1) -> Links:
+    def add(
+        self, node_id: str, secret: bytes = b"s3cret", generation: int = 1, repeat=None
+    ) -> Links:
         self.received[node_id] = []
         self.frames[node_id] = 0
 
@@ -68,7 +70,9 @@ class Network:
             self.nursery.start_soon(self._serve, address, server_stream)
             return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
 
-        links = Links(node_id, secret, CODEC, dial, deliver, random.Random(node_id), generation)
+        links = Links(
+            node_id, secret, CODEC, dial, deliver, random.Random(node_id), generation, repeat=repeat
+        )
         self.nodes[node_id] = links
         return links
 
@@ -224,6 +228,32 @@ async def test_what_was_meant_for_a_node_before_it_restarted_is_not_delivered_af
     assert a.status()["b"]
     assert network.received["b"] == [("a", "for any life of b"), ("a", "for b's second life")]
     assert a.link("b").stale == 1
+
+
+async def test_the_repeat_seam_sends_a_message_twice_and_hears_which_life_it_goes_to(
+    autojump_clock, network, nursery
+):
+    asked = []
+
+    def repeat(remote_id, message, life):
+        asked.append((remote_id, message.text, life))
+        return message.text == "twice"
+
+    a = network.add("a", repeat=repeat)
+    network.add("b", generation=7)
+    a.send("b", Note("before the link"))
+    nursery.start_soon(a.keep_linked, "b", "b")
+    await trio.sleep(1)
+    a.send("b", Note("twice"))
+    a.send("b", Note("once"), generation=7)
+    await trio.sleep(1)
+    assert [text for _, text in network.received["b"]] == [
+        "before the link",
+        "twice",
+        "twice",
+        "once",
+    ]
+    assert asked == [("b", "before the link", None), ("b", "twice", 7), ("b", "once", 7)]
 
 
 async def test_a_malformed_frame_closes_the_link(autojump_clock, network, nursery):

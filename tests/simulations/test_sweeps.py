@@ -126,6 +126,18 @@ def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the
     assert hashes(again.stdout) == hashes(done.stdout) != {}
 
 
+def test_overlap_bursts_send_some_second_copies_late_and_replay_the_same():
+    # Seed 8's burst repeats messages; half the second copies go later (SimNetwork.late_repeat).
+    args = ("--seed", "8", "--with", "overlap", "--hashes")
+    done = simulate(*args, timeout=300)
+    assert re.search(r"^faults .*overlap:duplicate 1", done.stdout, re.M), done.stdout[-2000:]
+    late = re.search(r"messages repeated late (\d+)", done.stdout)
+    assert late and int(late[1]) > 0, done.stdout[-2000:]
+    assert failed_seeds(done.stdout) == set(), done.stdout[-2000:]
+    again = simulate(*args, timeout=300, hash_seed=5)
+    assert hashes(again.stdout) == hashes(done.stdout) != {}
+
+
 def test_without_extra_kinds_a_seed_keeps_its_history(sweep):
     # Asking for the extra kinds adds them to a seed's choice, from a random source of their
     # own: a seed that enables neither (seed 8, here) runs as it does without them.
