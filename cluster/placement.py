@@ -61,6 +61,9 @@ class Placement:
         self.live: dict[str, int] = {}
         # Members whose life is recovering, by what they sent last (`FROM_RECOVERING`).
         self.recovering: set[str] = set()
+        # The last life of each member this node knew live: one counted down that comes back
+        # as the same life is not a new one.
+        self._lives: dict[str, int] = {}
         # Members not gone for good: their acceptors make the quorums.
         self.voters: frozenset[str] = frozenset({me})
         self.quorum = 1
@@ -75,13 +78,14 @@ class Placement:
     def members_changed(
         self, live: Mapping[str, int], voters: Collection[str], ready: bool
     ) -> None:
+        known = self._lives
         if ready:
-            known = self.live
             self.recovering.update(
                 member
                 for member, life in live.items()
                 if member != self.me and known.get(member) != life
             )
+        known.update(live)
         self.live = dict(live)
         self.voters = frozenset(voters) | {self.me}
         self.quorum = quorum_of(self.voters)

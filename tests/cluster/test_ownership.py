@@ -248,7 +248,8 @@ def test_a_new_life_heard_of_only_through_gossip_is_named_for_no_slot_until_it_i
     assert {core.owner_of(s) for s in n2_slots} <= {"n1", "n3"}
     core.receive("n2", Renew(1, 5, [], []), 1.1)  # only a ready life renews
     assert [s for s in range(SLOTS) if core.owner_of(s) == "n2"] == n2_slots
-    core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.2)
+    core.members_changed({"n1": 1, "n3": 1}, voters, 1.2)  # n2 counted down...
+    core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.3)  # ... and back, that life
     assert [s for s in range(SLOTS) if core.owner_of(s) == "n2"] == n2_slots, "a life known"
 
 
