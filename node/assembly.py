@@ -209,6 +209,7 @@ class Node:
             on_link_down=self._link_down,
             clock=seams.clock,
             repeat=seams.repeat,
+            life_of=self._life_of,
         )
         membership = Membership(
             node_id,
@@ -331,6 +332,9 @@ class Node:
                 parts.rpc.answered(message)
             else:
                 parts.shard_actor.deliver(remote_id, message)
+
+    def _life_of(self, node_id: str) -> int | None:
+        return self._cluster.membership_actor.generation_of(node_id) if self._cluster else None
 
     def _link_down(self, remote_id: str) -> None:
         if self._cluster is not None:

@@ -482,13 +482,15 @@ class Links:
         on_link_down: Callable[[str], None] = lambda remote_id: None,
         clock: Clock = TRIO_CLOCK,
         repeat: Callable[[str, object, int | None], bool] | None = None,
+        life_of: Callable[[str], int | None] = lambda remote_id: None,
     ) -> None:
         """`generation` is this node's life, told to the other end of every link;
         `on_link_down(remote_id)` is called whenever the link to a node goes down; `clock`
         times backoffs, acknowledgements, handshakes and holds; `repeat(remote_id, message,
         life)`, if given, says to send a message twice (the simulations' duplicating network),
         `life` being the remote node's life it goes to (the one asked for, else the one the
-        link carries to now, if any)."""
+        link carries to now, if any); `life_of(remote_id)` is the remote node's life as the
+        membership knows it, if it does."""
         self.node_id = node_id
         self._repeat = repeat
         self._clock = clock
@@ -498,6 +500,9 @@ class Links:
         self._codec = codec
         self._dialer = dialer
         self._deliver = deliver
+        self._life_of = life_of
+        # Messages of a remote life older than the one the membership knows, dropped.
+        self.from_dead_lives = 0
         self._rng = rng
         self._links: dict[str, Link] = {}
         # Set to end the backoff of a dial loop that waits to dial again (see `redial`).
@@ -507,7 +512,7 @@ class Links:
         link = self._links.get(remote_id)
         if link is None:
             link = self._links[remote_id] = Link(
-                remote_id, self._codec, self._deliver, self._on_link_down, self._clock
+                remote_id, self._codec, self._deliver_current, self._on_link_down, self._clock
             )
         return link
 
@@ -521,6 +526,18 @@ class Links:
             if self._repeat(remote_id, message, life):
                 link.send(message, generation)
         return number
+
+    async def _deliver_current(self, remote_id: str, messages: list[object]) -> None:
+        """Hand on what a link received, unless it is of a life of `remote_id` older than the
+        one the membership knows: bytes a crashed process left in the network can still
+        arrive after its next life was gossiped, and that life has not said any of it (a
+        `Renew` of the old life would mark a new life ready that cannot serve)."""
+        life = self._links[remote_id].remote_generation
+        known = self._life_of(remote_id)
+        if life is not None and known is not None and life < known:
+            self.from_dead_lives += len(messages)
+            return
+        await self._deliver(remote_id, messages)
 
     def find(self, remote_id: str) -> Link | None:
         """The link to `remote_id`, if this node ever had one."""

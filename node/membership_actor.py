@@ -154,6 +154,11 @@ class MembershipActor:
         """Heard from each seed and every member they named (`Membership.knows_the_cluster`)."""
         return self._membership.knows_the_cluster()
 
+    def generation_of(self, node_id: str) -> int | None:
+        """The life of `node_id` this node knows of, if any (live or not)."""
+        state = self._membership.state_of(node_id)
+        return state.generation if state is not None else None
+
     def generations(self) -> dict[str, int]:
         """Each live member's generation: a new one means it restarted and lost its memory."""
         members = {}

@@ -52,7 +52,12 @@ class Network:
         self.down: set[str] = set()
 
     def add(
-        self, node_id: str, secret: bytes = b"s3cret", generation: int = 1, repeat=None
+        self,
+        node_id: str,
+        secret: bytes = b"s3cret",
+        generation: int = 1,
+        repeat=None,
+        life_of=lambda remote_id: None,
     ) -> Links:
         self.received[node_id] = []
         self.frames[node_id] = 0
@@ -71,7 +76,15 @@ class Network:
             return await wrap_client_stream(connection_nursery, client_stream, address, "/cluster")
 
         links = Links(
-            node_id, secret, CODEC, dial, deliver, random.Random(node_id), generation, repeat=repeat
+            node_id,
+            secret,
+            CODEC,
+            dial,
+            deliver,
+            random.Random(node_id),
+            generation,
+            repeat=repeat,
+            life_of=life_of,
         )
         self.nodes[node_id] = links
         return links
@@ -254,6 +267,24 @@ async def test_the_repeat_seam_sends_a_message_twice_and_hears_which_life_it_goe
         "once",
     ]
     assert asked == [("b", "before the link", None), ("b", "twice", 7), ("b", "once", 7)]
+
+
+async def test_what_a_life_older_than_the_one_the_membership_knows_says_is_dropped(
+    autojump_clock, network, nursery
+):
+    """Bytes a crashed process left in the network may arrive after its next life was
+    gossiped: none of them is that life's."""
+    known = {"a": 1}
+    network.add("a", generation=1)
+    b = network.add("b", life_of=known.get)
+    nursery.start_soon(network.nodes["a"].keep_linked, "b", "b")
+    network.nodes["a"].send("b", Note("from a's first life"))
+    await trio.sleep(1)
+    known["a"] = 2  # gossip: a started again
+    network.nodes["a"].send("b", Note("from a's first life, arriving late"))
+    await trio.sleep(1)
+    assert network.received["b"] == [("a", "from a's first life")]
+    assert b.from_dead_lives == 1
 
 
 async def test_a_malformed_frame_closes_the_link(autojump_clock, network, nursery):
