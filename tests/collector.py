@@ -10,14 +10,6 @@ import types
 _SHARED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 
 
-def walked() -> tuple[int, int]:
-    """Tracked objects of the whole process after full collections, and the references from
-    them. Other threads' objects count too: for bounds far above a few hundred."""
-    _collect()
-    tracked = gc.get_objects()
-    return len(tracked), sum(len(gc.get_referents(o)) for o in tracked)
-
-
 def held(root: object) -> tuple[int, int]:
     """Tracked objects reachable from `root` after full collections, and the references from
     them: what one structure adds to every full collection, whatever else the process holds."""
