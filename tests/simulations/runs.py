@@ -13,6 +13,7 @@ collected test names does not start.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,8 @@ class BackgroundRuns:
         with self._lock:
             if self._stopped:
                 raise RuntimeError("the session ended before this run started")
+            # A session of its own: a kill takes the sweep's worker processes with it, which
+            # a killed sweep would leave behind.
             self._running = process = subprocess.Popen(
                 command,
                 cwd=ROOT,
@@ -138,11 +141,12 @@ class BackgroundRuns:
                 stderr=subprocess.PIPE,
                 text=True,
                 env=_env(0),
+                start_new_session=True,
             )
         try:
             stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
-            process.kill()
+            _kill_group(process)
             process.communicate()
             raise
         return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
@@ -163,7 +167,15 @@ class BackgroundRuns:
         with self._lock:
             self._stopped = True
             if self._running is not None and self._running.poll() is None:
-                self._running.kill()
+                _kill_group(self._running)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill `process` and every process of its session (it leads one)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 RUNS = BackgroundRuns()
