@@ -8,6 +8,9 @@ import types
 
 # Shared by every instance: a collection walks them whatever the structure holds.
 _SHARED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+# The test session, reached through the test's own coroutine and its fixtures: it grows with
+# the session (reports, captured log records of other tests' leftover threads).
+_SESSION = ("_pytest", "pytest", "pluggy")
 
 
 def held(root: object) -> tuple[int, int]:
@@ -19,7 +22,12 @@ def held(root: object) -> tuple[int, int]:
     references = 0
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, _SHARED) or not gc.is_tracked(obj):
+        if (
+            id(obj) in seen
+            or isinstance(obj, _SHARED)
+            or not gc.is_tracked(obj)
+            or type(obj).__module__.startswith(_SESSION)
+        ):
             continue
         seen.add(id(obj))
         referents = gc.get_referents(obj)
