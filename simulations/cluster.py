@@ -17,9 +17,9 @@ homes and owners, those of slot ownership and replication, and rate-limit gossip
 docs/cluster.md says repeated messages change nothing. In overlap's bursts half the second
 copies come later, up to a second (`SimNetwork.repeating_late`), after what the node sent
 meanwhile: a link keeps one life's messages in order, so an old copy behind newer ones is the
-reordering a node can see. (Not the frames: a link numbers its
-messages and drops what it had, so a repeated frame would test nothing; a node that said
-something twice is what the cores must bear.)
+reordering a node can see. (Not the frames: a link numbers its messages and drops what it had,
+so a repeated frame would test nothing; a node that said something twice is what the cores
+must bear.)
 """
 
 from __future__ import annotations
