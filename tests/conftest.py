@@ -51,11 +51,9 @@ def pytest_collection_finish(session):
     """Start the long simulation runs the collected tests wait for (tests/simulations/runs.py)."""
     if session.config.option.collectonly:
         return
-    from tests.simulations.runs import RUNS, runs_named
-
-    wanted = runs_named({name for item in session.items for name in item.fixturenames})
-    if wanted:
-        RUNS.start(wanted)
+    runs = sys.modules.get("tests.simulations.runs")
+    if runs is not None:
+        runs.RUNS.start(runs.RUNS.named({n for item in session.items for n in item.fixturenames}))
 
 
 def pytest_sessionfinish(session):

@@ -1,36 +1,47 @@
-"""The long simulation runs that tests/simulations judge, run in the background from the moment
-the session's tests are collected, one after another at the lowest CPU priority.
+"""The simulation runs that tests/simulations judge, run in the background from the moment the
+session's tests are collected, two at a time at the lowest CPU priority.
 
+A test module declares each run it judges as a fixture (`background`, `background_group`), and
+a test asks for the run by naming that fixture; a run no collected test names does not start.
 The rest of `make test` keeps about one core busy and waits on node processes much of the time;
-these runs take what it leaves, so the suite lasts about as long as the longer of the two rather
-than their sum. At nice 19 they get almost nothing while a test needs both cores. A run is
-deterministic (a virtual clock and its seed), so the load around it changes nothing in it.
-
-A test asks for a run by naming it as a fixture (tests/simulations/conftest.py); a run no
-collected test names does not start.
+these runs take what it leaves, and the tests that read them come last, so the suite lasts
+about as long as the longer of the two rather than their sum. At nice 19 they get almost
+nothing while a test needs both cores. A run is deterministic (a virtual clock and its seed), so
+the load around it changes nothing in it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-from functools import cache
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATIONS = ROOT / "simulations"
-# As many seeds as keep `make test` within 15 minutes here (2 cores).
-SEEDS = 64
-# Seeds swept with five nodes too (minority and majority splits).
-SEEDS_OF_FIVE = 10
 # The longest one run may take, and a test may wait for the runs before its own.
 RUN_TIMEOUT = 1800.0
 WAIT_TIMEOUT = 3600.0
+# Runs under way at once.
+LANES = 2
+
+
+@dataclass(frozen=True)
+class Run:
+    """`python -m simulations run ARGS` (`--seeds-from` a file listing `seeds`, if given) in
+    `jobs` processes, under PYTHONHASHSEED=`hash_seed`."""
+
+    args: tuple[str, ...]
+    seeds: tuple[int, ...] = ()
+    jobs: int = 1
+    hash_seed: int = 0
 
 
 def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
@@ -45,7 +56,7 @@ def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.Compl
     )
 
 
-def _command(args: tuple[str, ...]) -> list[str]:
+def _command(args: Iterable[str]) -> list[str]:
     return [sys.executable, "-m", "simulations", "run", *args]
 
 
@@ -53,121 +64,98 @@ def _env(hash_seed: int) -> dict[str, str]:
     return {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
 
 
-def _listed(seeds: list[int], name: str) -> str:
-    path = Path(tempfile.mkdtemp(prefix="sluicegate-runs-")) / name
-    path.write_text("".join(f"{seed}\n" for seed in seeds))
-    return str(path)
-
-
-def regressions_beyond_the_sweep() -> list[int]:
-    """The seeds of regressions.txt beyond the sweep's, but for those whose line says they
-    failed as another seed did ("(as seed N)"): each of those was one more sample of a failure
-    whose first seed is replayed, and the workload has changed since, so they now run other
-    histories, as any seeds would. `run --seeds-from simulations/regressions.txt` runs all."""
-    lines = (SIMULATIONS / "regressions.txt").read_text().splitlines()
-    rows = [line.split(maxsplit=2) for line in lines if line.strip() and not line.startswith("#")]
-    return [
-        int(row[0])
-        for row in rows
-        if int(row[0]) >= SEEDS and not re.search(r"\(as seed \d+[;)]", row[-1])
-    ]
-
-
-def _deep_rows() -> dict[str, list[int]]:
-    """The seeds of regressions-deep.txt by their number of nodes."""
-    rows: dict[str, list[int]] = {}
-    for line in (SIMULATIONS / "regressions-deep.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            seed, nodes = line.split()[:2]
-            rows.setdefault(nodes, []).append(int(seed))
-    return rows
-
-
-@cache
-def run_args() -> dict[str, tuple[str, ...]]:
-    """Each run by name: its arguments (each runs in two processes, `--jobs 2`)."""
-    beyond = regressions_beyond_the_sweep()
-    skew = str(SIMULATIONS / "regressions-skew.txt")
-    five = str(SIMULATIONS / "regressions-five.txt")
-    runs = {
-        "sweep": ("--seeds", str(SEEDS), "--hashes"),
-        "five_node_sweep": ("--seeds", str(SEEDS_OF_FIVE), "--nodes", "5"),
-        "regressions": ("--seeds-from", _listed(beyond, "beyond.txt"), "--hashes"),
-        "skew_regressions": ("--seeds-from", skew, "--with", "skew,freeze", "--hashes"),
-        "five_node_regressions": ("--seeds-from", five, "--nodes", "5", "--hashes"),
-    }
-    for nodes, seeds in sorted(_deep_rows().items()):
-        runs[f"deep_regressions_{nodes}"] = (
-            *("--seeds-from", _listed(seeds, f"deep-{nodes}.txt"), "--nodes", nodes),
-            *("--with", "skew,freeze", "--availability", "--hashes"),
-        )
-    return runs
-
-
-def runs_named(fixture_names: set[str]) -> set[str]:
-    """The runs the tests with these fixtures wait for (`deep_regressions`: one per size)."""
-    return {
-        name
-        for name in run_args()
-        if name in fixture_names
-        or (name.startswith("deep_regressions_") and "deep_regressions" in fixture_names)
-    }
-
-
 class BackgroundRuns:
-    """Runs started in a thread of their own, in order; `result` waits for one."""
+    """Declared runs, started in `LANES` threads of their own; `result` waits for one."""
 
     def __init__(self) -> None:
+        self.declared: dict[str, Run] = {}
         self._done: dict[str, threading.Event] = {}
         self._results: dict[str, subprocess.CompletedProcess | BaseException] = {}
         self._lock = threading.Lock()
-        self._running: subprocess.Popen | None = None
+        self._queue: list[str] = []
+        self._running: set[subprocess.Popen] = set()
         self._stopped = False
 
-    def start(self, names: set[str]) -> None:
-        every = run_args()
-        chosen = [(name, every[name]) for name in every if name in names]
-        for name, _ in chosen:
-            self._done[name] = threading.Event()
-        threading.Thread(target=self._run_all, args=(chosen,), daemon=True).start()
+    def declare(self, name: str, run: Run) -> None:
+        self.declared[name] = run
 
-    def _run_all(self, chosen: list[tuple[str, tuple[str, ...]]]) -> None:
-        for name, args in chosen:
+    def named(self, fixture_names: set[str]) -> list[str]:
+        """The runs that tests with these fixtures wait for (a group's: all of its own)."""
+        return [
+            name
+            for name in self.declared
+            if name in fixture_names or name.split(":", 1)[0] in fixture_names
+        ]
+
+    def start(self, names: Iterable[str]) -> None:
+        """Queue `names`: runs of many seeds first, which leaves the short ones to fill in."""
+        fresh = sorted(
+            (name for name in names if name not in self._done),
+            key=lambda name: -self.declared[name].jobs,
+        )
+        for name in fresh:
+            self._done[name] = threading.Event()
+        with self._lock:
+            self._queue.extend(fresh)
+        for _ in range(min(LANES, len(fresh))):
+            threading.Thread(target=self._lane, daemon=True).start()
+
+    def _lane(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                name = self._queue.pop(0)
             try:
-                # nice(1), not os.nice in preexec_fn, which is unsafe beside other threads.
-                command = ["nice", "-n", "19", *_command((*args, "--jobs", "2"))]
-                self._results[name] = self._run(command)
+                self._results[name] = self._run(self.declared[name])
             except BaseException as error:  # the test that waits for it says so
                 self._results[name] = error
             self._done[name].set()
 
-    def _run(self, command: list[str]) -> subprocess.CompletedProcess:
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError("the session ended before this run started")
-            # A session of its own: a kill takes the sweep's worker processes with it, which
-            # a killed sweep would leave behind.
-            self._running = process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=_env(0),
-                start_new_session=True,
-            )
+    def _run(self, run: Run) -> subprocess.CompletedProcess:
+        args = [*run.args, "--jobs", str(run.jobs)]
+        listed = None
+        if run.seeds:
+            listed = tempfile.NamedTemporaryFile("w", prefix="sluicegate-seeds-", delete=False)
+            with listed:
+                listed.write("".join(f"{seed}\n" for seed in run.seeds))
+            args += ["--seeds-from", listed.name]
+        # nice(1), not os.nice in preexec_fn, which is unsafe beside other threads.
+        command = ["nice", "-n", "19", *_command(args)]
         try:
-            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            process.communicate()
-            raise
+            with self._lock:
+                if self._stopped:
+                    raise RuntimeError("the session ended before this run started")
+                # A session of its own: a kill takes the sweep's worker processes with it,
+                # which a killed sweep would leave behind.
+                process = subprocess.Popen(
+                    command,
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=_env(run.hash_seed),
+                    start_new_session=True,
+                )
+                self._running.add(process)
+            try:
+                stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+                process.communicate()
+                raise
+            finally:
+                with self._lock:
+                    self._running.discard(process)
+        finally:
+            if listed is not None:
+                os.unlink(listed.name)
         return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
     def result(self, name: str) -> subprocess.CompletedProcess:
         """The finished run `name`, started now if nothing started it."""
         if name not in self._done:
-            self.start({name})
+            self.start([name])
         if not self._done[name].wait(WAIT_TIMEOUT):
             raise TimeoutError(f"the simulation run {name!r} did not end in {WAIT_TIMEOUT:g} s")
         result = self._results[name]
@@ -176,11 +164,13 @@ class BackgroundRuns:
         return result
 
     def stop(self) -> None:
-        """End the run under way, and start no more (the session is over)."""
+        """End the runs under way, and start no more (the session is over)."""
         with self._lock:
             self._stopped = True
-            if self._running is not None and self._running.poll() is None:
-                _kill_group(self._running)
+            self._queue.clear()
+            for process in self._running:
+                if process.poll() is None:
+                    _kill_group(process)
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -192,3 +182,45 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 RUNS = BackgroundRuns()
+
+
+def background(name: str, run: Run):
+    """Declare `run`, and a session fixture named `name`: its output, once finished."""
+    RUNS.declare(name, run)
+
+    @pytest.fixture(scope="session", name=name)
+    def finished() -> subprocess.CompletedProcess:
+        return RUNS.result(name)
+
+    return finished
+
+
+class Group(Mapping[str, subprocess.CompletedProcess]):
+    """Runs declared together, by key; reading one waits for that one only."""
+
+    def __init__(self, name: str, keys: list[str]) -> None:
+        self._name = name
+        self._keys = keys
+
+    def __getitem__(self, key: str) -> subprocess.CompletedProcess:
+        if key not in self._keys:
+            raise KeyError(key)
+        return RUNS.result(f"{self._name}:{key}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def background_group(name: str, runs: Mapping[str, Run]):
+    """Declare each of `runs` (as NAME:KEY), and a session fixture named `name`: a `Group`."""
+    for key, run in runs.items():
+        RUNS.declare(f"{name}:{key}", run)
+
+    @pytest.fixture(scope="session", name=name)
+    def finished() -> Group:
+        return Group(name, list(runs))
+
+    return finished

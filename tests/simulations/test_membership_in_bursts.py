@@ -9,34 +9,36 @@ from __future__ import annotations
 import random
 import re
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 
 from simulations.faults import Injector
 from simulations.history import History
-from tests.simulations.runs import simulate
+from tests.simulations.runs import Run, background_group
 
-# A three-node seed of `run --seed N --with overlap` (within make test's sweep, 0 to 63) whose
+# A three-node seed of `run --seed N --with overlap` (within make test's sweep) whose
 # bursts make each change. Seed 15's second burst also puts off the faulty member's crash and
 # slow link until the joiner serves.
 SEEDS = {"leave": 31, "forget": 15, "join": 15}
+BURSTS = ("--with", "overlap", "--trace")
 FIRST_MEMBERS = {"n1", "n2", "n3"}
 EVENT = re.compile(r"^\s*(\d+\.\d+) (\w+)\s+(\S+)\s*(.*)$")
 
 
+bursts = background_group(
+    "bursts",
+    {
+        str(seed): Run(("--seed", str(seed), "--with", "overlap", "--trace"))
+        for seed in SEEDS.values()
+    },
+)
+
+
 @pytest.fixture(scope="module")
-def runs() -> dict[str, subprocess.CompletedProcess]:
-    """Each change's seed, run once with its trace, two at a time."""
-
-    def run(seed: int) -> subprocess.CompletedProcess:
-        return simulate("--seed", str(seed), "--with", "overlap", "--trace", timeout=600)
-
-    seeds = sorted(set(SEEDS.values()))
-    with ThreadPoolExecutor(2) as pool:
-        done = dict(zip(seeds, pool.map(run, seeds), strict=True))
-    return {change: done[seed] for change, seed in SEEDS.items()}
+def runs(bursts) -> dict[str, subprocess.CompletedProcess]:
+    """Each change's seed, run once with its trace."""
+    return {change: bursts[str(seed)] for change, seed in SEEDS.items()}
 
 
 class Trace:

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from simulations.planted import PLANTED
-from tests.simulations.test_sweeps import OPEN, SEEDS, failed_seeds, simulate
+from tests.simulations.runs import Run, background, background_group
+from tests.simulations.test_sweeps import OPEN, SEEDS, failed_seeds
 
 PASSING = [seed for seed in range(SEEDS) if seed not in OPEN]
 
@@ -54,8 +55,22 @@ NEW_CHECKERS_ONLY = {
 }
 
 
-def kinds(bug: str) -> list[str]:
-    return ["--with", "wall"] if bug in WALL else []
+def kinds(bug: str) -> tuple[str, ...]:
+    return ("--with", "wall") if bug in WALL else ()
+
+
+planted = background_group(
+    "planted",
+    {
+        bug: Run(("--seed", str(seed), "--plant", bug, *kinds(bug)))
+        for bug, (seed, _) in CAUGHT.items()
+    },
+)
+# (The others are seeds of the sweep, which must pass: tests/simulations/test_sweeps.py.)
+wall_seeds_without_bugs = background(
+    "wall_seeds_without_bugs",
+    Run(("--with", "wall"), seeds=tuple(sorted({CAUGHT[bug][0] for bug in WALL})), jobs=2),
+)
 
 
 def test_every_planted_bug_has_a_seed_within_the_budget():
@@ -63,19 +78,15 @@ def test_every_planted_bug_has_a_seed_within_the_budget():
     assert all(seed in PASSING for seed, _ in CAUGHT.values())
 
 
-def test_without_a_planted_bug_those_seeds_pass_with_wall(tmp_path):
-    """(The others are seeds of the sweep, which must pass: tests/simulations/test_sweeps.py.)"""
-    seeds = tmp_path / "seeds.txt"
-    planted = {seed for bug, (seed, _) in CAUGHT.items() if bug in WALL}
-    seeds.write_text("".join(f"{seed}\n" for seed in sorted(planted)))
-    done = simulate("--seeds-from", str(seeds), "--with", "wall", timeout=600)
+def test_without_a_planted_bug_those_seeds_pass_with_wall(wall_seeds_without_bugs):
+    done = wall_seeds_without_bugs
     assert done.returncode == 0, done.stdout
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_a_planted_bug_is_caught(bug):
+def test_a_planted_bug_is_caught(bug, planted):
     seed, caught_as = CAUGHT[bug]
-    done = simulate("--seed", str(seed), "--plant", bug, *kinds(bug), timeout=600)
+    done = planted[bug]
     assert done.returncode == 1, f"{bug} not caught on seed {seed}\n{done.stdout}"
     assert failed_seeds(done.stdout) == {seed}
     assert re.search(caught_as, done.stdout), done.stdout
@@ -83,9 +94,8 @@ def test_a_planted_bug_is_caught(bug):
 
 
 @pytest.mark.parametrize("bug", sorted(NEW_CHECKERS_ONLY))
-def test_a_bug_only_the_new_checkers_see(bug):
-    seed, _ = CAUGHT[bug]
-    done = simulate("--seed", str(seed), "--plant", bug, *kinds(bug), timeout=600)
+def test_a_bug_only_the_new_checkers_see(bug, planted):
+    done = planted[bug]
     tally = re.search(r"^by checker  (.*)$", done.stdout, re.M)
     assert tally is not None, done.stdout
     assert re.fullmatch(rf"{NEW_CHECKERS_ONLY[bug]} \d+", tally.group(1)), done.stdout

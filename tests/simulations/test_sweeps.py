@@ -9,20 +9,91 @@ import subprocess
 import sys
 
 from simulations.run import read_seeds
-from tests.simulations.runs import (
-    ROOT,
-    SEEDS,
-    SEEDS_OF_FIVE,
-    regressions_beyond_the_sweep,
-    simulate,
-)
+from tests.simulations.runs import ROOT, SIMULATIONS, Run, background, background_group
 
-# Seeds of that sweep run again in another process, one at a time: the same trace hashes.
+# As many seeds as keep `make test` within 15 minutes here (2 cores).
+SEEDS = 40
+# Seeds swept with five nodes too (minority and majority splits).
+SEEDS_OF_FIVE = 10
+# Seeds of that sweep run again in another process: the same trace hashes.
 REPLAYED = 5
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions*.txt, until it is fixed.
 OPEN: set[int] = set()
+
+
+def regressions_beyond_the_sweep() -> list[int]:
+    """The seeds of regressions.txt beyond the sweep's, but for those whose line says they
+    failed as another seed did ("(as seed N)"): each of those was one more sample of a failure
+    whose first seed is replayed, and the workload has changed since, so they now run other
+    histories, as any seeds would. `run --seeds-from simulations/regressions.txt` runs all."""
+    lines = (SIMULATIONS / "regressions.txt").read_text().splitlines()
+    rows = [line.split(maxsplit=2) for line in lines if line.strip() and not line.startswith("#")]
+    return [
+        int(row[0])
+        for row in rows
+        if int(row[0]) >= SEEDS and not re.search(r"\(as seed \d+[;)]", row[-1])
+    ]
+
+
+def deep_rows() -> dict[str, list[int]]:
+    """The seeds of regressions-deep.txt by their number of nodes."""
+    rows: dict[str, list[int]] = {}
+    for line in (SIMULATIONS / "regressions-deep.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seed, nodes = line.split()[:2]
+            rows.setdefault(nodes, []).append(int(seed))
+    return rows
+
+
+SKEW = SIMULATIONS / "regressions-skew.txt"
+FIVE = SIMULATIONS / "regressions-five.txt"
+EXTRA_KINDS = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
+LATE_REPEATS = ("--seed", "8", "--with", "overlap", "--hashes")
+
+sweep = background("sweep", Run(("--hashes",), seeds=tuple(range(SEEDS)), jobs=2))
+five_node_sweep = background(
+    "five_node_sweep", Run(("--nodes", "5"), seeds=tuple(range(SEEDS_OF_FIVE)), jobs=2)
+)
+replayed = background(
+    "replayed",
+    Run(("--hashes",), seeds=tuple(range(0, SEEDS, SEEDS // REPLAYED)), jobs=2, hash_seed=12345),
+)
+regressions = background(
+    "regressions", Run(("--hashes",), seeds=tuple(regressions_beyond_the_sweep()), jobs=2)
+)
+skew_regressions = background(
+    "skew_regressions",
+    Run(("--with", "skew,freeze", "--hashes"), tuple(read_seeds(SKEW)), jobs=2),
+)
+five_node_regressions = background(
+    "five_node_regressions",
+    Run(("--nodes", "5", "--hashes"), tuple(read_seeds(FIVE)), jobs=2),
+)
+deep_regressions = background_group(
+    "deep_regressions",
+    {
+        nodes: Run(
+            ("--nodes", nodes, "--with", "skew,freeze", "--availability", "--hashes"),
+            tuple(seeds),
+            jobs=2,
+        )
+        for nodes, seeds in sorted(deep_rows().items())
+    },
+)
+# Each run twice, under two hash seeds.
+extra_kinds = background_group(
+    "extra_kinds", {"first": Run(EXTRA_KINDS), "again": Run(EXTRA_KINDS, hash_seed=5)}
+)
+late_repeats = background_group(
+    "late_repeats", {"first": Run(LATE_REPEATS), "again": Run(LATE_REPEATS, hash_seed=5)}
+)
+# Asking for the extra kinds adds them to a seed's choice, from a random source of their own:
+# a seed that enables neither (seed 8, here) runs as it does without them.
+without_extra_kinds = background(
+    "without_extra_kinds", Run(("--seed", "8", "--with", "skew,freeze", "--hashes"))
+)
 
 
 def hashes(output: str) -> dict[int, str]:
@@ -76,17 +147,13 @@ def test_every_seed_of_five_nodes_keeps_every_promise(five_node_sweep):
     assert failed_seeds(done.stdout) == set(), done.stdout
 
 
-def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, tmp_path):
+def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, replayed):
+    """In another process, under another hash seed than the sweep's."""
     swept = hashes(sweep.stdout)
     assert len(swept) == SEEDS
-    chosen = [str(seed) for seed in range(0, SEEDS, SEEDS // REPLAYED)][:REPLAYED]
-    listed = tmp_path / "replayed-seeds.txt"
-    listed.write_text("\n".join(chosen) + "\n")
-    # In another process, under another hash seed than the sweep's.
-    again = simulate("--seeds-from", str(listed), "--hashes", timeout=600, hash_seed=12345)
-    replayed = hashes(again.stdout)
-    assert len(replayed) == REPLAYED
-    assert replayed == {seed: swept[seed] for seed in replayed}
+    again = hashes(replayed.stdout)
+    assert len(again) == REPLAYED
+    assert again == {seed: swept[seed] for seed in again}
 
 
 def test_seeds_that_once_failed_pass(regressions):
@@ -98,58 +165,52 @@ def test_seeds_that_once_failed_pass(regressions):
 
 
 def test_seeds_that_once_failed_with_skew_and_freezes_pass_with_them(skew_regressions):
-    seeds = read_seeds(ROOT / "simulations" / "regressions-skew.txt")
+    seeds = read_seeds(SKEW)
     done = skew_regressions
     assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
     assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
 
 
 def test_five_node_seeds_that_once_failed_pass(five_node_regressions):
-    seeds = read_seeds(ROOT / "simulations" / "regressions-five.txt")
+    seeds = read_seeds(FIVE)
     done = five_node_regressions
     assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
     assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
 
 
 def test_seeds_make_deep_found_pass_as_it_runs_them(deep_regressions):
-    listed = (ROOT / "simulations" / "regressions-deep.txt").read_text().splitlines()
-    rows = [line.split()[:2] for line in listed if line.strip() and not line.startswith("#")]
-    assert sorted(deep_regressions) == sorted({nodes for _, nodes in rows})
+    rows = deep_rows()
+    assert sorted(deep_regressions) == sorted(rows)
     for nodes, done in deep_regressions.items():
-        seeds = {int(seed) for seed, of in rows if of == nodes}
+        seeds = set(rows[nodes])
         assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
         assert failed_seeds(done.stdout) == OPEN & seeds, done.stdout
 
 
-def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same():
+def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same(
+    extra_kinds,
+):
     # Seed 18 enables both (and both fire); the availability probe reports the freeze.
-    args = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
-    done = simulate(*args, timeout=120)
+    done = extra_kinds["first"]
     assert "clock of n3 runs at 1.01 (skew)" in done.stdout, done.stdout[-2000:]
     assert re.search(r"n\d frozen mid-write: \d+ of \d+ bytes to \w+ went", done.stdout)
     assert re.search(r"^faults .*freeze 1.*skew 1", done.stdout, re.M)
     assert re.search(r"^  freeze +1 +[\d.]+", done.stdout, re.M)
-    again = simulate(*args, timeout=120, hash_seed=5)
-    assert hashes(again.stdout) == hashes(done.stdout) != {}
+    assert hashes(extra_kinds["again"].stdout) == hashes(done.stdout) != {}
 
 
-def test_overlap_bursts_send_some_second_copies_late_and_replay_the_same():
+def test_overlap_bursts_send_some_second_copies_late_and_replay_the_same(late_repeats):
     # Seed 8's burst repeats messages; half the second copies go later (SimNetwork.late_repeat).
-    args = ("--seed", "8", "--with", "overlap", "--hashes")
-    done = simulate(*args, timeout=300)
+    done = late_repeats["first"]
     assert re.search(r"^faults .*overlap:duplicate 1", done.stdout, re.M), done.stdout[-2000:]
     late = re.search(r"messages repeated late (\d+)", done.stdout)
     assert late and int(late[1]) > 0, done.stdout[-2000:]
     assert failed_seeds(done.stdout) == set(), done.stdout[-2000:]
-    again = simulate(*args, timeout=300, hash_seed=5)
-    assert hashes(again.stdout) == hashes(done.stdout) != {}
+    assert hashes(late_repeats["again"].stdout) == hashes(done.stdout) != {}
 
 
-def test_without_extra_kinds_a_seed_keeps_its_history(sweep):
-    # Asking for the extra kinds adds them to a seed's choice, from a random source of their
-    # own: a seed that enables neither (seed 8, here) runs as it does without them.
-    done = simulate("--seed", "8", "--with", "skew,freeze", "--hashes", timeout=120)
-    assert hashes(done.stdout) == {8: hashes(sweep.stdout)[8]}
+def test_without_extra_kinds_a_seed_keeps_its_history(sweep, without_extra_kinds):
+    assert hashes(without_extra_kinds.stdout) == {8: hashes(sweep.stdout)[8]}
 
 
 def test_a_deep_sweep_prints_its_first_seed_and_how_to_run_it_again():
