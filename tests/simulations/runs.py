@@ -126,8 +126,10 @@ class BackgroundRuns:
             with self._lock:
                 if self._stopped:
                     raise RuntimeError("the session ended before this run started")
-                # A session of its own: a kill takes the sweep's worker processes with it,
-                # which a killed sweep would leave behind.
+                # A process group of its own: a kill takes the sweep's worker processes with
+                # it, which a killed sweep would leave behind. Not a session: Linux schedules
+                # each session as a group (autogroup) with the same share as the test's own,
+                # whatever the nice value of its processes.
                 process = subprocess.Popen(
                     command,
                     cwd=ROOT,
@@ -135,7 +137,7 @@ class BackgroundRuns:
                     stderr=subprocess.PIPE,
                     text=True,
                     env=_env(run.hash_seed),
-                    start_new_session=True,
+                    process_group=0,
                 )
                 self._running.add(process)
             try:
@@ -174,7 +176,7 @@ class BackgroundRuns:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    """Kill `process` and every process of its session (it leads one)."""
+    """Kill `process` and every process of its group (it leads one)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
