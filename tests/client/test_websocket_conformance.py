@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from wsproto.frame_protocol import FrameProtocol, Opcode, ParseFailed
 
@@ -196,9 +196,12 @@ def test_a_text_message_is_refused_by_choice():
     st.binary(min_size=4, max_size=4),
     cuts,
 )
+# A reason whose last character took two bytes in UTF-8 at the 40th (a cut there was invalid).
+@example(CLOSE, bytes(13) + b"\x80" * 14, bytes(4), [])
 def test_what_we_write_a_server_reads_as_we_meant(opcode, payload, mask, cut_at):
     if opcode == CLOSE:
-        payload = (1000).to_bytes(2, "big") + payload[:40].decode("latin-1").encode()[:40]
+        # A reason of whole characters (at most 80 bytes of UTF-8, under the 123 allowed).
+        payload = (1000).to_bytes(2, "big") + payload[:40].decode("latin-1").encode()
     elif opcode != BINARY:
         payload = payload[:125]
     server = FrameProtocol(client=False, extensions=[])
