@@ -13,6 +13,8 @@ python -m simulations deep                         3,000 seeds of three nodes an
                                                    five from a random first seed (printed)
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
+python -m simulations cost --nodes 3,5,7           what one lock cycle costs the cluster:
+                                                   messages, frames, bytes, writes, delays
 
 A seed replays the same in any process, whatever its PYTHONHASHSEED: nothing in a run depends
 on hash order (tests/simulations/test_sweeps.py replays seeds under other hash seeds than the
@@ -36,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simulations.chaos import ChaosRun  # noqa: E402
+from simulations.cost import print_costs  # noqa: E402
 from simulations.faults import EXTRA_FAULTS  # noqa: E402
 from simulations.planted import PLANTED  # noqa: E402
 from simulations.run import (  # noqa: E402
@@ -113,7 +116,23 @@ def main() -> int:
     chaos.add_argument(
         "--keep-logs", action="store_true", help="keep the logs and history even without violations"
     )
+    cost = commands.add_parser(
+        "cost",
+        help="messages, frames, bytes, quorum writes and delays of one lock cycle",
+        description=(
+            "One client acquires and releases a mutex, one cycle after the other, at its "
+            "owner and at another member, with the nodes at their [cluster] defaults: what "
+            "a cycle costs the cluster, counted (simulations/cost.py)."
+        ),
+    )
+    cost.add_argument(
+        "--nodes", type=_sizes, default=[3, 5, 7], help="cluster sizes, comma-separated"
+    )
     args = parser.parse_args()
+    if args.command == "cost":
+        quiet_node_logs()
+        print_costs(args.nodes)
+        return 0
     if args.command == "chaos":
         return run_chaos_command(args.duration, args.seed, args.keep_logs)
     quiet_node_logs()
@@ -179,6 +198,13 @@ def _extra_kinds(text: str) -> tuple[str, ...]:
             f"unknown kind {', '.join(unknown)} (choose from {', '.join(EXTRA_FAULTS)})"
         )
     return kinds
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [int(part) for part in text.split(",")]
+    if any(size < 2 for size in sizes):
+        raise argparse.ArgumentTypeError("a cluster has at least 2 nodes")
+    return sizes
 
 
 def replay_command(seed: int, nodes: int, extra: Sequence[str], availability: bool) -> str:

@@ -27,10 +27,12 @@ from __future__ import annotations
 import logging
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import trio
 from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
@@ -282,12 +284,16 @@ class _Link:
 
     # Set by `link_messages`: every message a node receives on a link, logged.
     logging = False
+    # Set by `count_link_frames`: hears of every frame a node sends on a link.
+    counter: Callable[[bytes], None] | None = None
 
     def __init__(self, connection, network: SimNetwork) -> None:
         self._connection = connection
         self._network = network
 
     async def send_message(self, message: bytes) -> None:
+        if _Link.counter is not None:
+            _Link.counter(message)
         await self._connection.send_message(message)
 
     async def get_message(self) -> bytes | str:
@@ -305,6 +311,20 @@ class _Link:
 def link_messages(logged: bool) -> None:
     """Log (at DEBUG) every message nodes receive on their links, but gossip and replicas."""
     _Link.logging = logged
+
+
+@contextmanager
+def count_link_frames(count: FrameCount) -> Iterator[None]:
+    """`count` hears of every frame nodes send on their links while in the block."""
+    _Link.counter = count.add
+    try:
+        yield
+    finally:
+        _Link.counter = None
+
+
+class FrameCount(Protocol):
+    def add(self, frame: bytes) -> None: ...
 
 
 def describe(error: BaseException) -> str:

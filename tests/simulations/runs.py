@@ -35,13 +35,14 @@ LANES = 2
 
 @dataclass(frozen=True)
 class Run:
-    """`python -m simulations run ARGS` (`--seeds-from` a file listing `seeds`, if given) in
-    `jobs` processes, under PYTHONHASHSEED=`hash_seed`."""
+    """`python -m simulations COMMAND ARGS` under PYTHONHASHSEED=`hash_seed`; for `run`, with
+    `--seeds-from` a file listing `seeds` (if given), in `jobs` processes."""
 
     args: tuple[str, ...]
     seeds: tuple[int, ...] = ()
     jobs: int = 1
     hash_seed: int = 0
+    command: str = "run"
 
 
 def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
@@ -56,8 +57,8 @@ def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.Compl
     )
 
 
-def _command(args: Iterable[str]) -> list[str]:
-    return [sys.executable, "-m", "simulations", "run", *args]
+def _command(args: Iterable[str], command: str = "run") -> list[str]:
+    return [sys.executable, "-m", "simulations", command, *args]
 
 
 def _env(hash_seed: int) -> dict[str, str]:
@@ -113,7 +114,7 @@ class BackgroundRuns:
             self._done[name].set()
 
     def _run(self, run: Run) -> subprocess.CompletedProcess:
-        args = [*run.args, "--jobs", str(run.jobs)]
+        args = [*run.args, *(("--jobs", str(run.jobs)) if run.command == "run" else ())]
         listed = None
         if run.seeds:
             listed = tempfile.NamedTemporaryFile("w", prefix="sluicegate-seeds-", delete=False)
@@ -121,7 +122,7 @@ class BackgroundRuns:
                 listed.write("".join(f"{seed}\n" for seed in run.seeds))
             args += ["--seeds-from", listed.name]
         # nice(1), not os.nice in preexec_fn, which is unsafe beside other threads.
-        command = ["nice", "-n", "19", *_command(args)]
+        command = ["nice", "-n", "19", *_command(args, run.command)]
         try:
             with self._lock:
                 if self._stopped:
