@@ -160,13 +160,17 @@ class SlotLeases:
         )
 
     def deadlines(self, take: bool) -> list[float]:
-        """When `tick` has something to do for the slots (`take`: it takes those it should)."""
+        """When `tick` has something to do for the slots (`take`: it takes those it should):
+        each deadline is one of `tick`'s conditions, or the actor would wake for nothing,
+        again and again at one instant."""
         deadlines = [self._renew_at if self.owned else math.inf]
         for owned in self.owned.values():
             if owned.phase == ACTING:
                 deadlines.append(owned.lease_from + self.usable_lease)
-            else:
+            elif owned.phase == PREPARING:
                 deadlines.append(min(owned.prepared_at + self.lease, owned.ask_again_at))
+            else:
+                deadlines.append(owned.prepared_at + self.lease)
         deadlines.extend(
             self.owned[slot].prepared_at + self.lease / 2 for slot in self._awaiting_previous
         )

@@ -443,6 +443,26 @@ def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum()
     assert core.leases.owned[3].phase == "writing" and core.leases.owned[3].ballot == ballot
 
 
+def test_a_slot_written_after_a_refusal_for_a_lease_sets_no_deadline_its_tick_ignores():
+    """The refusal set a time to ask again; the promises that followed made a quorum, and the
+    slot is being written. Asking again is for a slot still preparing: reported as a deadline
+    here, `tick` did nothing at it and the shard actor woke for it again and again at one
+    instant (five-node seed 789036822 spun for 120 s of CPU at 20.4 s)."""
+    core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
+    core.leases.prepare(3, core.era, 0.0)
+    core._drain(0.0)
+    ballot = core.leases.owned[3].ballot
+    core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.01)
+    core.receive("n3", Refuse(3, ballot, Ballot(5, 1, "n1"), 0.5, "n1"), 0.01)
+    core.receive("n4", Promise(3, ballot, NO_BALLOT, 0, []), 0.02)
+    owned = core.leases.owned[3]
+    assert owned.phase == "writing" and owned.ask_again_at < 0.5 < owned.prepared_at + 1.0
+    core.tick(0.5)
+    assert core.next_deadline() > 0.5
+
+
 def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
     copy = SlotCopy()
     ballot = Ballot(1, 1, "n1")

@@ -37,13 +37,13 @@ def regressions_beyond_the_sweep() -> list[int]:
     ]
 
 
-def deep_rows() -> dict[str, list[int]]:
-    """The seeds of regressions-deep.txt by their number of nodes."""
-    rows: dict[str, list[int]] = {}
+def deep_rows() -> dict[tuple[str, str], list[int]]:
+    """The seeds of regressions-deep.txt by their number of nodes and fault kinds."""
+    rows: dict[tuple[str, str], list[int]] = {}
     for line in (SIMULATIONS / "regressions-deep.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            seed, nodes = line.split()[:2]
-            rows.setdefault(nodes, []).append(int(seed))
+            seed, nodes, kinds = line.split()[:3]
+            rows.setdefault((nodes, kinds), []).append(int(seed))
     return rows
 
 
@@ -74,12 +74,10 @@ five_node_regressions = background(
 deep_regressions = background_group(
     "deep_regressions",
     {
-        nodes: Run(
-            ("--nodes", nodes, "--with", "skew,freeze", "--availability", "--hashes"),
-            tuple(seeds),
-            jobs=2,
+        f"{nodes} {kinds}": Run(
+            ("--nodes", nodes, "--with", kinds, "--availability", "--hashes"), tuple(seeds), jobs=2
         )
-        for nodes, seeds in sorted(deep_rows().items())
+        for (nodes, kinds), seeds in sorted(deep_rows().items())
     },
 )
 # Each run twice, under two hash seeds.
@@ -179,10 +177,10 @@ def test_five_node_seeds_that_once_failed_pass(five_node_regressions):
 
 
 def test_seeds_make_deep_found_pass_as_it_runs_them(deep_regressions):
-    rows = deep_rows()
+    rows = {f"{nodes} {kinds}": seeds for (nodes, kinds), seeds in deep_rows().items()}
     assert sorted(deep_regressions) == sorted(rows)
-    for nodes, done in deep_regressions.items():
-        seeds = set(rows[nodes])
+    for key, done in deep_regressions.items():
+        seeds = set(rows[key])
         assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
         assert failed_seeds(done.stdout) == OPEN & seeds, done.stdout
 
