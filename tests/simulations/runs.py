@@ -45,18 +45,6 @@ class Run:
     command: str = "run"
 
 
-def simulate(*args: str, timeout: float, hash_seed: int = 0) -> subprocess.CompletedProcess:
-    """`python -m simulations run ...` in a new process, under PYTHONHASHSEED=`hash_seed`."""
-    return subprocess.run(
-        _command(args),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(hash_seed),
-    )
-
-
 def _command(args: Iterable[str], command: str = "run") -> list[str]:
     return [sys.executable, "-m", "simulations", command, *args]
 
