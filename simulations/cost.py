@@ -35,7 +35,7 @@ from .run import _Cluster
 HOP = 0.001
 CYCLES = 200
 WARM_UP = 20
-IDLE = 30.0
+IDLE = 10.0
 CLIENT = "c0"
 MUTEXES = [f"m{number}" for number in range(64)]
 CONFIG = parse_config("[semaphores]\n" + "".join(f"{name} = 1\n" for name in MUTEXES))

@@ -12,7 +12,7 @@ from simulations.run import read_seeds
 from tests.simulations.runs import ROOT, SIMULATIONS, Run, background, background_group
 
 # As many seeds as keep `make test` within 15 minutes here (2 cores).
-SEEDS = 40
+SEEDS = 32
 # Seeds swept with five nodes too (minority and majority splits).
 SEEDS_OF_FIVE = 10
 # Seeds of that sweep run again in another process: the same trace hashes.
