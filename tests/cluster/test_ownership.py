@@ -426,16 +426,21 @@ def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
     assert 3 not in core.leases.owned and core.leases.retry_at[3] == asks_again_at
 
 
-def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum():
-    """Five voters: its own acceptor and n2 promised, n3 refused for n1's lease, and n4's
-    promise comes after the refusal: three promises are a quorum, and it adopts the slot
-    (five-node seed 1835274876 gave up on n3's refusal and left the slot unserved 3.9 s)."""
+def preparing_slot_3_of_five() -> tuple[Ownership, Ballot]:
+    """n5, ready among five voters, preparing slot 3: its own acceptor promised."""
     core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
     core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
     core._become_ready(5, 0.0, cold=True)
     core.leases.prepare(3, core.era, 0.0)
     core._drain(0.0)
-    ballot = core.leases.owned[3].ballot
+    return core, core.leases.owned[3].ballot
+
+
+def test_a_promise_after_a_refusal_for_a_lease_still_counts_towards_the_quorum():
+    """Five voters: its own acceptor and n2 promised, n3 refused for n1's lease, and n4's
+    promise comes after the refusal: three promises are a quorum, and it adopts the slot
+    (five-node seed 1835274876 gave up on n3's refusal and left the slot unserved 3.9 s)."""
+    core, ballot = preparing_slot_3_of_five()
     core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.01)
     core.receive("n3", Refuse(3, ballot, Ballot(5, 1, "n1"), 0.5, "n1"), 0.01)
     assert core.leases.owned[3].phase == "preparing"
@@ -448,12 +453,7 @@ def test_a_slot_written_after_a_refusal_for_a_lease_sets_no_deadline_its_tick_ig
     slot is being written. Asking again is for a slot still preparing: reported as a deadline
     here, `tick` did nothing at it and the shard actor woke for it again and again at one
     instant (five-node seed 789036822 spun for 120 s of CPU at 20.4 s)."""
-    core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
-    core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
-    core._become_ready(5, 0.0, cold=True)
-    core.leases.prepare(3, core.era, 0.0)
-    core._drain(0.0)
-    ballot = core.leases.owned[3].ballot
+    core, ballot = preparing_slot_3_of_five()
     core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.01)
     core.receive("n3", Refuse(3, ballot, Ballot(5, 1, "n1"), 0.5, "n1"), 0.01)
     core.receive("n4", Promise(3, ballot, NO_BALLOT, 0, []), 0.02)
