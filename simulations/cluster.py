@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
 
 import trio
 from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
@@ -314,17 +313,13 @@ def link_messages(logged: bool) -> None:
 
 
 @contextmanager
-def count_link_frames(count: FrameCount) -> Iterator[None]:
-    """`count` hears of every frame nodes send on their links while in the block."""
-    _Link.counter = count.add
+def count_link_frames(counter: Callable[[bytes], None]) -> Iterator[None]:
+    """`counter` hears of every frame nodes send on their links while in the block."""
+    _Link.counter = counter
     try:
         yield
     finally:
         _Link.counter = None
-
-
-class FrameCount(Protocol):
-    def add(self, frame: bytes) -> None: ...
 
 
 def describe(error: BaseException) -> str:

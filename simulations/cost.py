@@ -93,7 +93,7 @@ async def _measure(nodes: int, at_owner: bool) -> Cost:
                 network.delay(place, other, HOP)
         mutex, node = _placed(cluster.ids, at_owner)
         idle = LinkCount()
-        with count_link_frames(idle):
+        with count_link_frames(idle.add):
             await trio.sleep(IDLE)
 
         async def open_websocket(url: str):
@@ -111,7 +111,7 @@ async def _measure(nodes: int, at_owner: bool) -> Cost:
                     pass
             busy = LinkCount()
             started = trio.current_time()
-            with count_link_frames(busy):
+            with count_link_frames(busy.add):
                 for _ in range(CYCLES):
                     async with client.lock(mutex):
                         pass
