@@ -27,7 +27,15 @@ def era_floor(era: int) -> Ballot:
 class SlotAcceptor:
     """One slot's promise, lease promise and copy."""
 
-    __slots__ = ("promised", "copy", "lessee", "lease_ballot", "lease_until", "wanted")
+    __slots__ = (
+        "promised",
+        "copy",
+        "lessee",
+        "lease_ballot",
+        "lease_until",
+        "wanted",
+        "heard_at",
+    )
 
     def __init__(self) -> None:
         self.promised = NO_BALLOT
@@ -37,6 +45,9 @@ class SlotAcceptor:
         self.lease_until = -math.inf
         # Members refused for the lease since the lessee last heard of it.
         self.wanted: set[str] = set()
+        # When an owner last renewed its lease here, or another member than this node asked
+        # for the slot (`SlotLeases.unserved_from`).
+        self.heard_at = -math.inf
 
     def leased_to_other(self, member: str, now: float) -> bool:
         return self.lessee not in (None, member) and now < self.lease_until
@@ -49,14 +60,17 @@ class SlotAcceptor:
 
 
 class Acceptor:
-    """This node as the acceptor of every slot; `lease`: how long a lease promise lasts."""
+    """`me` as the acceptor of every slot; `lease`: how long a lease promise lasts."""
 
-    def __init__(self, lease: float) -> None:
+    def __init__(self, me: str, lease: float) -> None:
+        self.me = me
         self.lease = lease
         self.slots = [SlotAcceptor() for _ in range(SLOTS)]
 
     def prepare(self, slot: int, ballot: Ballot, era: int, now: float) -> Promise | Refuse:
         acceptor = self.slots[slot]
+        if ballot.member != self.me:
+            acceptor.heard_at = now
         if ballot <= acceptor.promised or ballot.era < era:
             return Refuse(slot, ballot, max(acceptor.promised, era_floor(era)), 0.0)
         if acceptor.leased_to_other(ballot.member, now):
@@ -77,6 +91,7 @@ class Acceptor:
                 promised.append(acceptor.promised)
                 continue
             acceptor.lease(ballot, now, self.lease)
+            acceptor.heard_at = now
             renewed.append(slot)
             for member in sorted(acceptor.wanted):
                 wanted.append(slot)

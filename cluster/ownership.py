@@ -112,7 +112,7 @@ class Ownership:
         self._events: list[Event] = []
         self._mail = Mailbox(me)
         self.placement = Placement(me)
-        self.acceptor = Acceptor(lease)
+        self.acceptor = Acceptor(me, lease)
         self.leases = SlotLeases(
             me,
             lease=lease,
@@ -231,7 +231,7 @@ class Ownership:
     def next_deadline(self) -> float:
         """When `tick` has something to do next."""
         if self._deadline is None:
-            deadlines = self.leases.deadlines(take=self.ready and not self.leaving)
+            deadlines = self.leases.deadlines(self.ready and not self.leaving, self._now)
             if not self.ready:
                 deadlines.extend(self.recovery.deadlines(self._now))
             self._deadline = min(deadlines)
@@ -245,7 +245,7 @@ class Ownership:
     def members_changed(self, live: Mapping[str, int], voters: Collection[str], now: float) -> None:
         """The live members (id -> life) and the voters (members not gone for good) changed."""
         self.placement.members_changed(live, voters, self.ready)
-        self._designate()
+        self._designate(now)
         self.tick(now)
 
     def departures_changed(
@@ -324,7 +324,7 @@ class Ownership:
             # at once, it does not take the slots of the others and hand them back.
             recovering = not message.ready and not self.recovery.joins(message)
         if recovering is not None and self.placement.heard(sender, recovering):
-            self._designate()
+            self._designate(now)
         _HANDLERS[type(message)](self, sender, message, now)
 
     def _on_prepare(self, sender: str, message: Prepare, now: float) -> None:
@@ -413,8 +413,10 @@ class Ownership:
         self.leases.lose_all(now)
         self.acceptor.enter_era(era)
 
-    def _designate(self) -> None:
-        self.leases.newly_mine(self.placement.designate(self.ready))
+    def _designate(self, now: float) -> None:
+        mine, seconded = self.placement.designate(self.ready)
+        self.leases.newly_mine(mine)
+        self.leases.newly_seconded(seconded, now)
         self._deadline = None
 
     def _recover(self, now: float) -> None:
@@ -436,7 +438,7 @@ class Ownership:
         self._see_promises()
         self.recovery.ready()
         self.ready = True
-        self._designate()
+        self._designate(now)
         self._events.append(Ready(era, cold=cold))
         self._answer_early_prepares(now)
 
@@ -446,7 +448,7 @@ class Ownership:
         self._see_promises()
         self.recovery.ready()
         self.ready = True
-        self._designate()
+        self._designate(now)
         self._events.append(Ready(recovered.era, cold=False))
         self._answer_early_prepares(now)
 

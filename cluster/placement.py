@@ -32,7 +32,7 @@ from .ownership_messages import (
 )
 from .replication import quorum as quorum_of
 from .ring import Ring
-from .slots import SLOTS, slot_owners
+from .slots import SLOTS, slot_owners, slot_successors
 
 # What a message says of its sender: True, its life is recovering (it answers as no acceptor
 # yet); False, it is ready (only a ready life sends these). `RecoverReply` and `ColdAnswer`
@@ -69,8 +69,13 @@ class Placement:
         self.quorum = 1
         # Per slot, the member the ring names (who should take it).
         self.ring_owners: list[str | None] = [None] * SLOTS
+        # Per slot, the member the ring names next (who takes it if its owner is gone).
+        self.successors: list[str | None] = [None] * SLOTS
         # The slots the ring names this node for, while it can take them.
         self.mine: list[int] = []
+        # The slots the ring names this node next for, while it can take them: it takes one
+        # whose owner does not serve it (`SlotLeases`, "A slot its owner does not serve").
+        self.seconded: list[int] = []
         # Slot -> the member an acceptor that refused this node said holds its lease, and until
         # when (for routing only).
         self.lessees: dict[int, tuple[str, float]] = {}
@@ -100,22 +105,36 @@ class Placement:
             self.recovering.discard(sender)
         return True
 
-    def designate(self, ready: bool) -> list[int]:
-        """Name a live member for each slot: the ring over those not recovering (this node
-        too, while it recovers: what it is asked meanwhile goes to those that can act). Returns
-        the slots newly this node's."""
+    def designate(self, ready: bool) -> tuple[list[int], list[int]]:
+        """Name a live member for each slot, and the member next after it: the ring over those
+        not recovering (this node too, while it recovers: what it is asked meanwhile goes to
+        those that can act). Returns the slots newly this node's, and those it is newly second
+        for (or second for after another owner)."""
         named = self.live.keys() - self.recovering
         if not ready and named - {self.me}:
             named -= {self.me}
-        self.ring_owners = slot_owners(Ring(named))
+        ring = Ring(named)
+        owners_before, mine_before, seconded_before = (
+            self.ring_owners,
+            set(self.mine),
+            set(self.seconded),
+        )
+        self.ring_owners = slot_owners(ring)
+        self.successors = slot_successors(ring)
         # Only a quorum of live members can take a slot: alone, this node names itself for
         # every slot, and would ask for all of them in vain.
-        before = set(self.mine)
         if len(self.live.keys() & self.voters) >= self.quorum:
             self.mine = [s for s, owner in enumerate(self.ring_owners) if owner == self.me]
+            self.seconded = [s for s, next_ in enumerate(self.successors) if next_ == self.me]
         else:
-            self.mine = []
-        return [slot for slot in self.mine if slot not in before]
+            self.mine, self.seconded = [], []
+        newly_mine = [slot for slot in self.mine if slot not in mine_before]
+        newly_seconded = [
+            slot
+            for slot in self.seconded
+            if slot not in seconded_before or owners_before[slot] != self.ring_owners[slot]
+        ]
+        return newly_mine, newly_seconded
 
     def heard_lessee(self, slot: int, lessee: str, until: float) -> None:
         self.lessees[slot] = (lessee, until)

@@ -11,6 +11,14 @@ for (docs/cluster.md, "O1: ballots and leases", "O2: quorum writes").
    until `sent + lease × (1 − DRIFT) / (1 + DRIFT)` of its clock, where `sent` is when it sent
    the last `Prepare` or `Renew` a quorum confirmed. It renews every `lease / 4`.
 
+A slot its owner does not serve: the member the ring names next for it takes it too, once its
+own acceptor heard no owner of the slot renew its lease, and no other member ask for it, for
+a lease, while its links reach a quorum (`reaches_quorum`). That is who takes the slot when
+its owner is gone; it covers an owner the ring still names because a minority still hears of
+it, but that reaches no quorum (five-node seed 789036763). A preparer that heard from fewer
+than a quorum in a whole lease waits a lease before it asks again: its promises are leases
+that keep the slot from the next member at those acceptors, and they lapse meanwhile.
+
 An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
 quorum renews). It *resigns* a slot when its ring names another member that a quorum of
 acceptors reports as wanting it (refused for the lease): it stops first, then `Resign` ends
@@ -73,6 +81,9 @@ class OwnedSlot:
     lease_from: float = -math.inf
     adopted: Ballot = NO_BALLOT
     cold: bool = False
+    # Taken as the member next after an owner that does not serve it (`unserved_from`): what
+    # that owner would hand over is not on its way.
+    takeover: bool = False
     # Member -> the acceptors that reported it asked for this slot in vain, and when.
     wanted: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -126,6 +137,8 @@ class SlotLeases:
         # next wait after a refusal is (it doubles while refusals go on).
         self.retry_at = [-math.inf] * SLOTS
         self._backoff = [self.lease / 8] * SLOTS
+        # Per slot this node is second for, since when (under its present owner).
+        self._second_since = [math.inf] * SLOTS
         # Slots waiting for their previous owner's promise before they adopt a state.
         self._awaiting_previous: set[int] = set()
         # Slots to resign once their writes are committed.
@@ -159,7 +172,20 @@ class SlotLeases:
             for owned in self.owned.values()
         )
 
-    def deadlines(self, take: bool) -> list[float]:
+    def unserved_from(self, slot: int) -> float:
+        """When this node, second for `slot`, takes it if nothing changes: a lease after its
+        acceptor last heard an owner renew, or another member ask for the slot (it defers to a
+        preparer it hears), or after this node became second for it."""
+        heard = self._acceptor.slots[slot].heard_at
+        return max(heard, self._second_since[slot]) + self.lease
+
+    def _takes_over(self, now: float) -> list[int]:
+        """The slots this node is second for that it may take now, leaving out when."""
+        if not self.reaches_quorum(now):
+            return []
+        return [slot for slot in self._placement.seconded if slot not in self.owned]
+
+    def deadlines(self, take: bool, now: float) -> list[float]:
         """When `tick` has something to do for the slots (`take`: it takes those it should):
         each deadline is one of `tick`'s conditions, or the actor would wake for nothing,
         again and again at one instant."""
@@ -177,6 +203,9 @@ class SlotLeases:
         if take:
             mine = self._placement.mine
             deadlines.extend(self.retry_at[slot] for slot in mine if slot not in self.owned)
+            deadlines.extend(
+                max(self.retry_at[slot], self.unserved_from(slot)) for slot in self._takes_over(now)
+            )
         return deadlines
 
     # -- inputs -----------------------------------------------------------------------------
@@ -187,12 +216,20 @@ class SlotLeases:
             self.retry_at[slot] = -math.inf
             self._backoff[slot] = self.lease / 8
 
+    def newly_seconded(self, slots: list[int], now: float) -> None:
+        """The ring names this node next for `slots` now, after an owner it may not have heard
+        from yet: a lease from now at the earliest, it takes those that owner does not serve."""
+        for slot in slots:
+            self._second_since[slot] = now
+
     def tick(self, era: int, ready: bool, now: float) -> None:
         """Lease ends, takes that waited long enough, resignations, takes and renewals."""
         for slot, owned in list(self.owned.items()):
             if owned.phase == ACTING and now >= owned.lease_from + self.usable_lease:
                 self.lose(slot, now, resigned=False)
-            elif owned.phase != ACTING and now >= owned.prepared_at + self.lease:
+            elif owned.phase == PREPARING and now >= owned.prepared_at + self.lease:
+                self._give_up(slot, now, heard_from_quorum=self._heard_from_quorum(owned))
+            elif owned.phase == WRITING and now >= owned.prepared_at + self.lease:
                 self._give_up(slot, now)  # no quorum in a whole lease
             elif owned.phase == PREPARING and now >= owned.ask_again_at:
                 self.lose(slot, now, resigned=False)
@@ -212,6 +249,10 @@ class SlotLeases:
                 for slot in self._placement.mine:
                     if slot not in self.owned and now >= self.retry_at[slot]:
                         self.prepare(slot, era, now)
+                for slot in self._takes_over(now):
+                    if now >= max(self.retry_at[slot], self.unserved_from(slot)):
+                        self.prepare(slot, era, now)
+                        self.owned[slot].takeover = True
             if self.owned and now >= self._renew_at:
                 self._renew(era, now)
 
@@ -296,6 +337,7 @@ class SlotLeases:
         previous = best.accepted.member if best is not None else None
         if (
             previous not in (None, self.me)
+            and not owned.takeover
             and previous not in promises
             and previous in placement.live
             and previous not in placement.recovering
@@ -316,12 +358,21 @@ class SlotLeases:
         self.gate.written(slot, write.version)
         self._mail.to_all(placement.voters, write)
 
-    def _give_up(self, slot: int, now: float) -> None:
-        """Stop taking `slot` under this ballot; try again later, later each time."""
+    def _heard_from_quorum(self, owned: OwnedSlot) -> bool:
+        answered = owned.promises.keys() | owned.refused_by_lease
+        return len(answered & self._placement.voters) >= self._placement.quorum
+
+    def _give_up(self, slot: int, now: float, heard_from_quorum: bool = True) -> None:
+        """Stop taking `slot` under this ballot; try again later, later each time. Heard
+        from fewer than a quorum, a lease later: what promised meanwhile leased the slot to this
+        node at those acceptors, and keeps it from a member that reaches a quorum."""
         self.lose(slot, now, resigned=False)
         wait = self._backoff[slot]
         self._backoff[slot] = min(2 * wait, self.lease / 2)
-        self.retry_at[slot] = now + wait * self._rng.uniform(0.5, 1.0)
+        if heard_from_quorum:
+            self.retry_at[slot] = now + wait * self._rng.uniform(0.5, 1.0)
+        else:
+            self.retry_at[slot] = now + self.lease * self._rng.uniform(1.0, 1.5)
 
     def on_accepted(self, sender: str, slot: int, ballot: Ballot, version: int, now: float) -> None:
         owned = self.owned.get(slot)

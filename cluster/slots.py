@@ -53,6 +53,16 @@ def slot_owners(ring: Ring) -> list[str | None]:
     return [ring.owner(b"slot/%d" % slot) for slot in range(SLOTS)]
 
 
+def slot_successors(ring: Ring) -> list[str | None]:
+    """The member `ring` names next after each slot's owner: who takes the slot if the owner is
+    gone (None on a ring of one member or none)."""
+    successors: list[str | None] = []
+    for slot in range(SLOTS):
+        members = ring.preference_list(b"slot/%d" % slot, 2)
+        successors.append(members[1] if len(members) == 2 else None)
+    return successors
+
+
 def member_for(ring: Ring, key: bytes) -> str | None:
     """The member `ring` names for the slot of `key` (its owner, once the members settle)."""
     return ring.owner(b"slot/%d" % slot_of(key))

@@ -31,6 +31,7 @@ from sluicegate.cluster.ownership import (
 )
 from sluicegate.cluster.peers import PeerRecord
 from sluicegate.cluster.replication import Accept, Accepted, CommitGate, SlotCopy, SlotWriter
+from sluicegate.cluster.ring import Ring
 from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord, lock_key
 from sluicegate.cluster.slots import DRIFT, NO_BALLOT, SLOTS, Ballot
 from tests.cluster.ownership_model import (
@@ -461,6 +462,88 @@ def test_a_slot_written_after_a_refusal_for_a_lease_sets_no_deadline_its_tick_ig
     assert owned.phase == "writing" and owned.ask_again_at < 0.5 < owned.prepared_at + 1.0
     core.tick(0.5)
     assert core.next_deadline() > 0.5
+
+
+def two_of_three_without_n1() -> tuple[dict[str, Ownership], int]:
+    """n2 and n3, ready, hear of n1 (gossip keeps it live) but never from it; they take their
+    own slots at 0. Returns them, and a slot the ring names n1 for, and n2 next."""
+    cores = {}
+    for me in ("n2", "n3"):
+        core = Ownership(me, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+        core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+        core._become_ready(5, 0.0, cold=True)
+        cores[me] = core
+    exchange(cores, 0.0)
+    ring = Ring({"n1", "n2", "n3"})
+    slot = next(s for s in range(SLOTS) if ring.preference_list(b"slot/%d" % s, 2) == ["n1", "n2"])
+    return cores, slot
+
+
+def exchange(cores: dict[str, Ownership], now: float) -> None:
+    """Tick the cores at `now` and hand their messages to each other until none is left
+    (those to n1 are lost)."""
+    for core in cores.values():
+        core.tick(now)
+    while True:
+        mail = [(core.me, to, message) for core in cores.values() for to, message in core.outbox()]
+        if not mail:
+            return
+        for sender, to, message in mail:
+            if to in cores:
+                cores[to].receive(sender, message, now)
+
+
+def run_until(cores: dict[str, Ownership], end: float, step: float = 0.05) -> None:
+    now = 0.0
+    while now < end:
+        now = round(now + step, 6)
+        exchange(cores, now)
+
+
+def test_the_member_next_in_the_ring_takes_a_slot_whose_owner_it_has_not_heard_for_a_lease():
+    """Five-node seed 789036763: the slot's owner reached no quorum, a minority kept it live,
+    and every ring kept naming it; nobody asked for its slots until the cut healed."""
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    assert n2.reaches_quorum(0.0) and not n2.acting(slot, 0.0)
+    assert n2.next_deadline() <= 1.0  # (the takeover is one of tick's deadlines)
+    run_until(cores, 0.95)
+    assert slot not in n2.leases.owned
+    run_until(cores, 1.2)
+    assert n2.acting(slot, 1.2) and n2.owner_of(slot) == "n1"
+
+
+def test_the_member_next_in_the_ring_defers_a_lease_to_another_member_that_asks():
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    run_until(cores, 0.5)
+    n2.receive("n1", Prepare(slot, Ballot(5, 9, "n1")), 0.5)  # promised, a lease to n1
+    run_until(cores, 1.45)
+    assert slot not in n2.leases.owned
+    run_until(cores, 1.7)
+    assert n2.acting(slot, 1.7)
+
+
+def test_the_member_next_in_the_ring_takes_nothing_while_its_links_reach_no_quorum():
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    n2.tick(3.0)  # n3 answered nothing since 0: its own slots' leases ran out
+    assert not n2.reaches_quorum(3.0) and slot not in n2.leases.owned
+    assert n2.next_deadline() > 3.0
+
+
+def test_a_preparer_heard_by_fewer_than_a_quorum_waits_a_lease_before_it_asks_again():
+    """Its promises lease the slot to it at the acceptors that heard it: they lapse before it
+    asks again, and the member next in the ring, which reaches a quorum, finds them free."""
+    core, ballot = preparing_slot_3_of_five()
+    core.receive("n2", Promise(3, ballot, NO_BALLOT, 0, []), 0.01)  # two of five answered
+    core.tick(1.0)
+    assert 3 not in core.leases.owned and core.leases.retry_at[3] >= 2.0
+    heard, ballot = preparing_slot_3_of_five()
+    for member in ("n2", "n3"):  # three of five answered, two refused for another's lease
+        heard.receive(member, Refuse(3, ballot, Ballot(5, 1, "n1"), 0.9, "n1"), 0.01)
+    heard.tick(1.0)
+    assert 3 not in heard.leases.owned and heard.leases.retry_at[3] < 1.5
 
 
 def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
+import pytest
 import trio
 
 from simulations.checkers import check_history
@@ -37,6 +38,7 @@ from sluicegate.cluster import recovery
 from sluicegate.cluster.replication import Accept, Accepted
 from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import LockRecord
+from sluicegate.cluster.slots import slot_of, takeover_bound
 
 # The slow link between O and C, each way (the issue says 0.5 to 0.7 s).
 SLOW = 0.6
@@ -189,14 +191,15 @@ def test_with_the_recovery_read_in_quarantine_again_both_clients_hold_a_with_one
 ):
     # The hole as it was before the fix: X's new life adopts the copies B, C and D sent it at
     # once, during its quarantine, before the grant reached C. The checkers see it from both
-    # sides: the servers' (o2) and the clients' (max, tokens).
+    # sides: the servers' (o2: the slot gained without the grant, by X or, while X recovers,
+    # by the member next after O, which hears O renew no more) and the clients' (max, tokens).
     monkeypatch.setattr(
         recovery.Recovery, "_reads", lambda self, reply: reply.ready and reply.complete
     )
     roles, history = run_scenario()
     found = "\n".join(violations_of(history))
     trace = "\n".join(history.lines())
-    assert re.search(r"\[o2\] [\d.]+: slot \d+ gained by n\d \(life 2", found), trace
+    assert re.search(r"\[o2\] [\d.]+: slot \d+ gained by n\d \(life \d", found), trace
     assert re.search(r"\[max\] [\d.]+: A held 2 > max 1 \(granted 1 to late.0\)", found), trace
     assert re.search(r"\[tokens\] [\d.]+: token \d+ on A to late.0, and to c\d.0", found), trace
 
@@ -279,3 +282,58 @@ def test_a_new_life_heard_of_only_through_gossip_keeps_no_slot_from_the_others()
     assert roles["S"] not in (roles["X"], roles["Y"]), roles
     assert any(e.kind == "released" and e.who == "c0.0" for e in history.events), trace
     assert check_history(history, CONFIG, EXPIRES_IN) == [], trace
+
+
+async def home_clogged_but_heard(stage: Stage, successor_hears_home: bool) -> dict[str, object]:
+    """A client holds A for three expiries, its peer homed at X. X's links to every member but
+    Y hold their messages (a clog, both ways): Y still hears X and gossips its heartbeat, so the
+    others keep X live, and their rings keep naming it for its slots, while X reaches no quorum.
+    S, the member the ring names next for the peer's slot, is Y (`successor_hears_home`) or one
+    of the clogged. Returns the roles, and when the slot was acted for by whom, from the clog
+    on."""
+    history = stage.history
+    acted: list[tuple[float, str | None]] = []
+    async with stage.client("c0", list(stage.ids)) as client:
+        history.asked("c0.0", "A", 1)
+        async with client.lock("A") as lease:
+            history.granted("c0.0", "A", 1, lease.fencing_token, lease.peer_id)
+            slot = slot_of(peer_key(lease.peer_id))
+            x = stage.home_of(lease.peer_id)
+            s = stage.next_for(peer_key(lease.peer_id), without=x)
+            y = s if successor_hears_home else next(m for m in stage.ids if m not in (x, s))
+            began = trio.current_time()
+            await stage.play([(0.0, "clog", x, m) for m in stage.ids if m not in (x, y)])
+            while trio.current_time() < began + 3 * EXPIRES_IN:
+                actor = stage.acting_for(slot)
+                if not acted or acted[-1][1] != actor:
+                    acted.append((trio.current_time() - began, actor))
+                await stage.sleep(0.05)
+            history.released("c0.0", "A", 1, lost=lease.lost)
+    stage.heal()
+    return {"X": x, "Y": y, "S": s, "acted": acted}
+
+
+@pytest.mark.parametrize("successor_hears_home", [True, False])
+def test_a_home_clogged_from_a_majority_but_heard_through_a_minority_hands_its_slots_on(
+    successor_hears_home,
+):
+    """Five-node seed 789036763 (`--with skew,freeze,overlap,wall --availability`), pinned: X
+    clogged from three of five, still heard through Y. The ring named X for its slots, nobody
+    else took them, and the heartbeated lease ran out. Now S takes the slot once its own
+    acceptor has heard no owner renew and no other member ask for a lease: within the takeover
+    bound of the clog if S is clogged from X too; if S hears X, X's own lease runs out first and
+    it asks again once, in vain, so within that lease and the bound."""
+    roles: dict[str, object] = {}
+
+    async def script(stage: Stage) -> None:
+        roles.update(await home_clogged_but_heard(stage, successor_hears_home))
+
+    history = run_script(script, seed=0)
+    trace = "\n".join(history.lines())
+    assert roles["S"] != roles["X"], roles
+    assert check_history(history, CONFIG, EXPIRES_IN) == [], trace
+    lease, down_after = CONFIG.cluster.lease or CONFIG.cluster.down_after, CONFIG.cluster.down_after
+    bound = takeover_bound(down_after, lease) + (lease if successor_hears_home else 0.0)
+    took = next(at for at, actor in roles["acted"] if actor not in (None, roles["X"]))
+    assert took < bound, roles
+    assert [actor for _, actor in roles["acted"]] == [roles["X"], None, roles["S"]], roles
