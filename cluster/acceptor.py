@@ -86,12 +86,13 @@ class Acceptor:
         renewed, refused, promised, wanted, wanted_by = [], [], [], [], []
         for slot, ballot in zip(slots, ballots, strict=True):
             acceptor = self.slots[slot]
+            # Refused or not: its owner is alive, and the member next in the ring leaves it be.
+            acceptor.heard_at = now
             if ballot < acceptor.promised or acceptor.leased_to_other(ballot.member, now):
                 refused.append(slot)
                 promised.append(acceptor.promised)
                 continue
             acceptor.lease(ballot, now, self.lease)
-            acceptor.heard_at = now
             renewed.append(slot)
             for member in sorted(acceptor.wanted):
                 wanted.append(slot)

@@ -15,9 +15,11 @@ A slot its owner does not serve: the member the ring names next for it takes it 
 own acceptor heard no owner of the slot renew its lease, and no other member ask for it, for
 a lease, while its links reach a quorum (`reaches_quorum`). That is who takes the slot when
 its owner is gone; it covers an owner the ring still names because a minority still hears of
-it, but that reaches no quorum (five-node seed 789036763). A preparer that heard from fewer
-than a quorum in a whole lease waits a lease before it asks again: its promises are leases
-that keep the slot from the next member at those acceptors, and they lapse meanwhile.
+it, but that reaches no quorum (five-node seed 789036763). Refused for another's lease by a
+quorum, it waits a lease before it asks again: that member serves the slot. A preparer that
+heard from fewer than a quorum in a whole lease waits a lease before it asks again: its
+promises are leases that keep the slot from the next member at those acceptors, and they
+lapse meanwhile.
 
 An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
 quorum renews). It *resigns* a slot when its ring names another member that a quorum of
@@ -297,6 +299,10 @@ class SlotLeases:
             if answer.lease_left > 0 and owned.phase == PREPARING:
                 owned.refused_by_lease.add(sender)
                 owned.lease_left = max(owned.lease_left, answer.lease_left)
+                if owned.takeover and self._served_by_another(owned):
+                    self.lose(slot, now, resigned=False)
+                    self.retry_at[slot] = now + self.lease * self._rng.uniform(1.0, 1.5)
+                    return
                 self._ask_again_after_leases(slot, owned, now)
             elif answer.promised > owned.ballot and owned.phase == PREPARING:
                 self._give_up(slot, now)
@@ -357,6 +363,12 @@ class SlotLeases:
         write = Accept(slot, owned.ballot, owned.writer.next_version(now), True, records, [])
         self.gate.written(slot, write.version)
         self._mail.to_all(placement.voters, write)
+
+    def _served_by_another(self, owned: OwnedSlot) -> bool:
+        """A quorum refused this node for another member's lease: that member holds the slot,
+        however silent it is toward this node's acceptor (a cut between the two alone). A
+        takeover asks again a lease later, not every quarter lease while the cut lasts."""
+        return len(owned.refused_by_lease & self._placement.voters) >= self._placement.quorum
 
     def _heard_from_quorum(self, owned: OwnedSlot) -> bool:
         answered = owned.promises.keys() | owned.refused_by_lease

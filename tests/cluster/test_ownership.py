@@ -524,6 +524,35 @@ def test_the_member_next_in_the_ring_defers_a_lease_to_another_member_that_asks(
     assert n2.acting(slot, 1.7)
 
 
+def test_the_member_next_in_the_ring_hears_an_owner_whose_renewals_its_acceptor_refuses():
+    """Its acceptor promised a larger ballot (it asked once, in vain) and refuses n1's renewals:
+    n1 still lives, and n2 does not ask again and again (counting only the renewals granted,
+    the ownership model's runs sent twice the messages)."""
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    n2.acceptor.slots[slot].promised = Ballot(5, 9, "n2")
+    now, round_ = 0.0, 0
+    while now < 3.0:
+        now = round(now + 0.05, 6)
+        if now >= round_ * 0.25:
+            round_ += 1
+            n2.receive("n1", Renew(round_, 5, [slot], [1]), now)
+        exchange(cores, now)
+    assert slot not in n2.leases.owned
+
+
+def test_the_member_next_in_the_ring_refused_by_a_quorum_for_the_owners_lease_waits_a_lease():
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    run_until(cores, 0.95)
+    n2.tick(1.05)
+    n2.outbox()  # its prepare is lost; n1 and n3 answer it for n1's lease
+    ballot = n2.leases.owned[slot].ballot
+    n2.receive("n1", Refuse(slot, ballot, Ballot(5, 1, "n1"), 0.8, "n1"), 1.06)
+    n2.receive("n3", Refuse(slot, ballot, Ballot(5, 1, "n1"), 0.8, "n1"), 1.06)
+    assert slot not in n2.leases.owned and n2.leases.retry_at[slot] >= 2.06
+
+
 def test_the_member_next_in_the_ring_takes_nothing_while_its_links_reach_no_quorum():
     cores, slot = two_of_three_without_n1()
     n2 = cores["n2"]

@@ -22,7 +22,7 @@ run._simulate = spin
 run.LIVELOCK_AFTER = 0.5
 started = time.process_time()
 outcome = run.run_seed(0)
-print(time.process_time() - started >= 0.5, outcome.violations[0])
+print(time.process_time() - started, outcome.violations[0])
 """
 
 
@@ -37,5 +37,7 @@ def test_a_run_that_spins_without_virtual_time_passing_is_a_livelock_by_its_cpu_
         timeout=120,
     )
     used_the_cpu, violation = done.stdout.split(" ", 1)
-    assert used_the_cpu == "True", done.stderr[-2000:]
+    # The kernel counts a CPU timer in scheduler ticks: it may fire a tick before the process's
+    # own count reaches the mark. A wall-clock timer on a busy machine fires far earlier.
+    assert float(used_the_cpu) >= 0.45, (used_the_cpu, done.stderr[-2000:])
     assert "[liveness]" in violation and "livelock" in violation
