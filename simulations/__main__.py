@@ -11,6 +11,8 @@ python -m simulations run --seeds 40 --nodes 5 --with overlap
                                                    faults in overlapping bursts on a minority
 python -m simulations deep                         3,000 seeds of three nodes and 1,000 of
                                                    five from a random first seed (printed)
+python -m simulations replay                       every seed simulations/regressions*.txt
+                                                   names, each as its file says it ran
 python -m simulations chaos --duration 120         real node processes behind HAProxy, real
                                                    client processes, kill -9, SIGSTOP/SIGCONT
 python -m simulations cost --nodes 3,5,7           what one lock cycle costs the cluster:
@@ -47,6 +49,7 @@ from simulations.run import (  # noqa: E402
     log_nodes,
     quiet_node_logs,
     read_seeds,
+    regressions,
     run_seed,
 )
 
@@ -97,6 +100,17 @@ def main() -> int:
         help="without the availability probe (a quarter faster; other histories)",
     )
     _add_sweep_options(deep, availability=False, extra=tuple(EXTRA_FAULTS))
+    replay = commands.add_parser(
+        "replay",
+        help="every seed that failed once (simulations/regressions*.txt), as it ran",
+        description=(
+            "Run every seed simulations/regressions*.txt names, with the nodes, fault kinds "
+            "and probe its file gives; a sweep's progress line and summary per group, and how "
+            "to replay each seed that failed; exit status 1 if any did. `make deep` runs it "
+            "first."
+        ),
+    )
+    replay.add_argument("--jobs", type=int, default=2, help="processes running seeds at once")
     chaos = commands.add_parser(
         "chaos",
         help="real processes: 3 nodes behind HAProxy, client processes, kills and pauses",
@@ -138,6 +152,8 @@ def main() -> int:
     quiet_node_logs()
     if args.command == "deep":
         return run_deep(args.first, args.three, args.five, args.jobs, args.extra, args.availability)
+    if args.command == "replay":
+        return run_replay(args.jobs)
     if args.logs:
         if args.jobs > 1:
             parser.error("--logs runs in this process only: --jobs 1")
@@ -308,6 +324,25 @@ def _percentiles(values: list[float]) -> str:
     """p50, p90, p99 and max of sorted `values` (nearest rank)."""
     picked = [values[max(0, math.ceil(p / 100 * len(values)) - 1)] for p in (50, 90, 99)]
     return "".join(f"{value:7.1f}" for value in [*picked, values[-1]])
+
+
+def run_replay(jobs: int) -> int:
+    """Every seed of simulations/regressions*.txt, group by group (`regressions`)."""
+    failed: list[str] = []
+    total = 0
+    for group in regressions():
+        print(f"\n{group.source}: {len(group.seeds)} seeds", flush=True)
+        total += len(group.seeds)
+        found = sweep(
+            group.seeds, jobs, group.nodes, extra=group.extra, availability=group.availability
+        )
+        failed += [
+            replay_command(seed, group.nodes, group.extra, group.availability) for seed in found
+        ]
+    print(f"\nreplay: {len(failed)} of {total} seeds failed")
+    for command in failed:
+        print(f"  {command}")
+    return 1 if failed else 0
 
 
 def run_deep(

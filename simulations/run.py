@@ -102,6 +102,47 @@ def read_seeds(path: Path) -> list[int]:
     return [int(line.split()[0]) for line in lines if line.strip() and not line.startswith("#")]
 
 
+REGRESSIONS = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Regressions:
+    """Seeds of one regressions file that replay alike: how many nodes, which extra fault
+    kinds, whether with the availability probe (it changes the history)."""
+
+    source: str
+    seeds: tuple[int, ...]
+    nodes: int = NODES
+    extra: tuple[str, ...] = ()
+    availability: bool = False
+
+
+def regressions() -> list[Regressions]:
+    """Every seed that failed once, grouped as its file says it ran: regressions.txt (three
+    nodes), -skew.txt (with skew and freezes), -five.txt (five nodes), and -deep.txt, whose
+    rows give nodes and kinds each (`make deep` ran them with the availability probe)."""
+    groups = [
+        Regressions("regressions.txt", tuple(read_seeds(REGRESSIONS / "regressions.txt"))),
+        Regressions(
+            "regressions-skew.txt",
+            tuple(read_seeds(REGRESSIONS / "regressions-skew.txt")),
+            extra=("skew", "freeze"),
+        ),
+        Regressions(
+            "regressions-five.txt", tuple(read_seeds(REGRESSIONS / "regressions-five.txt")), 5
+        ),
+    ]
+    rows: dict[tuple[int, str], list[int]] = {}
+    for line in (REGRESSIONS / "regressions-deep.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seed, nodes, kinds = line.split()[:3]
+            rows.setdefault((int(nodes), kinds), []).append(int(seed))
+    for (nodes, kinds), seeds in sorted(rows.items()):
+        source = f"regressions-deep.txt, {nodes} nodes with {kinds}"
+        groups.append(Regressions(source, tuple(seeds), nodes, tuple(kinds.split(",")), True))
+    return groups
+
+
 def quiet_node_logs() -> None:
     """The nodes' own log lines (members down, restores) are the faults at work, not news."""
     logging.getLogger("sluicegate").setLevel(logging.CRITICAL)

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from simulations.run import read_seeds
+from simulations.run import NODES, Regressions, read_seeds, regressions
 from tests.simulations.runs import ROOT, SIMULATIONS, Run, background, background_group
 
 # As many seeds as keep `make test` within 15 minutes here (2 cores).
@@ -23,32 +23,6 @@ REPLAYED = 5
 OPEN: set[int] = set()
 
 
-def regressions_beyond_the_sweep() -> list[int]:
-    """The seeds of regressions.txt beyond the sweep's, but for those whose line says they
-    failed as another seed did ("(as seed N)"): each of those was one more sample of a failure
-    whose first seed is replayed, and the workload has changed since, so they now run other
-    histories, as any seeds would. `run --seeds-from simulations/regressions.txt` runs all."""
-    lines = (SIMULATIONS / "regressions.txt").read_text().splitlines()
-    rows = [line.split(maxsplit=2) for line in lines if line.strip() and not line.startswith("#")]
-    return [
-        int(row[0])
-        for row in rows
-        if int(row[0]) >= SEEDS and not re.search(r"\(as seed \d+[;)]", row[-1])
-    ]
-
-
-def deep_rows() -> dict[tuple[str, str], list[int]]:
-    """The seeds of regressions-deep.txt by their number of nodes and fault kinds."""
-    rows: dict[tuple[str, str], list[int]] = {}
-    for line in (SIMULATIONS / "regressions-deep.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            seed, nodes, kinds = line.split()[:3]
-            rows.setdefault((nodes, kinds), []).append(int(seed))
-    return rows
-
-
-SKEW = SIMULATIONS / "regressions-skew.txt"
-FIVE = SIMULATIONS / "regressions-five.txt"
 EXTRA_KINDS = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
 LATE_REPEATS = ("--seed", "8", "--with", "overlap", "--hashes")
 
@@ -65,25 +39,25 @@ replayed = background(
         hash_seed=12345,
     ),
 )
-regressions = background(
-    "regressions", Run(("--hashes",), seeds=tuple(regressions_beyond_the_sweep()), jobs=2)
-)
-skew_regressions = background(
-    "skew_regressions",
-    Run(("--with", "skew,freeze", "--hashes"), tuple(read_seeds(SKEW)), jobs=2),
-)
-five_node_regressions = background(
-    "five_node_regressions",
-    Run(("--nodes", "5", "--hashes"), tuple(read_seeds(FIVE)), jobs=2),
-)
-deep_regressions = background_group(
-    "deep_regressions",
-    {
-        f"{nodes} {kinds}": Run(
-            ("--nodes", nodes, "--with", kinds, "--availability", "--hashes"), tuple(seeds), jobs=2
-        )
-        for (nodes, kinds), seeds in sorted(deep_rows().items())
-    },
+# The seeds of regressions.txt below the sweep's run in it; the others run in `make deep`
+# (`python -m simulations replay`): the workload and the rules have changed since most were
+# found, so they run other histories now, as any seeds would. The newer files are replayed here.
+REPLAYED_HERE = [group for group in regressions() if group.source != "regressions.txt"]
+
+
+def replay_args(group: Regressions) -> tuple[str, ...]:
+    """The options of `run` that replay `group` as its file says it ran."""
+    return (
+        *(("--nodes", str(group.nodes)) if group.nodes != NODES else ()),
+        *(("--with", ",".join(group.extra)) if group.extra else ()),
+        *(("--availability",) if group.availability else ()),
+        "--hashes",
+    )
+
+
+regressions_replayed = background_group(
+    "regressions_replayed",
+    {group.source: Run(replay_args(group), group.seeds, jobs=2) for group in REPLAYED_HERE},
 )
 # Each run twice, under two hash seeds.
 extra_kinds = background_group(
@@ -159,35 +133,28 @@ def test_seeds_of_the_sweep_replay_to_the_same_trace_hashes(sweep, replayed):
     assert again == {seed: swept[seed] for seed in again}
 
 
-def test_seeds_that_once_failed_pass(regressions):
-    """Those beyond the sweep (it runs the others, to the same histories), one of each failure."""
-    beyond = regressions_beyond_the_sweep()
-    assert len(beyond) >= 20
-    assert len(hashes(regressions.stdout)) == len(beyond), regressions.stderr[-2000:]
-    assert failed_seeds(regressions.stdout) == OPEN & set(beyond), regressions.stdout
+def test_every_file_of_seeds_that_failed_once_is_replayed_whole():
+    """By `make deep` (`replay`): every seed line of every simulations/regressions*.txt."""
+    listed = {
+        (path.name, seed)
+        for path in SIMULATIONS.glob("regressions*.txt")
+        for seed in read_seeds(path)
+    }
+    grouped = [
+        (group.source.split(",")[0], seed) for group in regressions() for seed in group.seeds
+    ]
+    assert sorted(grouped) == sorted(listed)
+    below = [seed for seed in read_seeds(SIMULATIONS / "regressions.txt") if seed < SEEDS]
+    assert below, "the sweep runs some of regressions.txt"
 
 
-def test_seeds_that_once_failed_with_skew_and_freezes_pass_with_them(skew_regressions):
-    seeds = read_seeds(SKEW)
-    done = skew_regressions
-    assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
-    assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
-
-
-def test_five_node_seeds_that_once_failed_pass(five_node_regressions):
-    seeds = read_seeds(FIVE)
-    done = five_node_regressions
-    assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
-    assert failed_seeds(done.stdout) == OPEN & set(seeds), done.stdout
-
-
-def test_seeds_make_deep_found_pass_as_it_runs_them(deep_regressions):
-    rows = {f"{nodes} {kinds}": seeds for (nodes, kinds), seeds in deep_rows().items()}
-    assert sorted(deep_regressions) == sorted(rows)
-    for key, done in deep_regressions.items():
-        seeds = set(rows[key])
-        assert len(hashes(done.stdout)) == len(seeds), done.stderr[-2000:]
-        assert failed_seeds(done.stdout) == OPEN & seeds, done.stdout
+def test_seeds_that_once_failed_pass_as_they_ran(regressions_replayed):
+    """Those of the files but regressions.txt, with the nodes, kinds and probe each gives."""
+    assert sorted(regressions_replayed) == sorted(group.source for group in REPLAYED_HERE)
+    for group in REPLAYED_HERE:
+        done = regressions_replayed[group.source]
+        assert len(hashes(done.stdout)) == len(group.seeds), done.stderr[-2000:]
+        assert failed_seeds(done.stdout) == OPEN & set(group.seeds), done.stdout
 
 
 def test_the_extra_kinds_skew_a_clock_and_freeze_a_node_mid_write_and_replay_the_same(
