@@ -494,7 +494,10 @@ def exchange(cores: dict[str, Ownership], now: float) -> None:
 
 
 def run_until(cores: dict[str, Ownership], end: float, step: float = 0.05) -> None:
-    now = 0.0
+    run_until_from(cores, 0.0, end, step)
+
+
+def run_until_from(cores: dict[str, Ownership], now: float, end: float, step: float = 0.05) -> None:
     while now < end:
         now = round(now + step, 6)
         exchange(cores, now)
@@ -551,6 +554,25 @@ def test_the_member_next_in_the_ring_refused_by_a_quorum_for_the_owners_lease_wa
     n2.receive("n1", Refuse(slot, ballot, Ballot(5, 1, "n1"), 0.8, "n1"), 1.06)
     n2.receive("n3", Refuse(slot, ballot, Ballot(5, 1, "n1"), 0.8, "n1"), 1.06)
     assert slot not in n2.leases.owned and n2.leases.retry_at[slot] >= 2.06
+
+
+def test_a_life_just_ready_waits_a_lease_before_it_takes_a_slot_over():
+    """Its acceptor heard no renewal before it was ready (it answered none), and the owners'
+    first renewals come within a quarter lease: it asks for none of their slots meanwhile. (While
+    it recovers, its ring leaves it out: it becomes second for its slots when it is ready.)"""
+    cores = {}
+    for me in ("n2", "n3"):
+        core = Ownership(me, lease=1.0, settle=9.0, era_floor=5, rng=random.Random(1), now=0.0)
+        core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+        cores[me] = core
+    run_until(cores, 3.0)  # learning the voters: not ready, second for n1's slots
+    for core in cores.values():
+        core._become_ready(5, 3.0, cold=True)
+    _, slot = two_of_three_without_n1()
+    run_until_from(cores, 3.0, 3.95)
+    assert slot not in cores["n2"].leases.owned
+    run_until_from(cores, 3.95, 4.2)
+    assert cores["n2"].acting(slot, 4.2)
 
 
 def test_the_member_next_in_the_ring_takes_nothing_while_its_links_reach_no_quorum():
