@@ -24,8 +24,9 @@ test: $(INSTALLED) haproxy chromium
 	$(BIN)/python -m pytest
 
 # deep: every seed that ever failed (simulations/regressions*.txt, about ten minutes), then a long
-# simulation sweep (about four hours on 2 cores): 3,000 seeds of three nodes and 1,000 of five, in two processes, with the availability probe and every fault kind (clock skew,
-# mid-write freezes and overlapping bursts included), from a random first seed that it prints before anything runs.
+# simulation sweep (about four hours on 2 cores): 3,000 seeds of three nodes and 1,000 of five,
+# in two processes, with the availability probe and every fault kind (clock skew, mid-write
+# freezes and overlapping bursts included), from a random first seed that it prints first.
 # Fails if any seed fails, and prints how to replay each. Options go through DEEP_ARGS:
 # `make deep DEEP_ARGS="--first 123456789"` runs a sweep again, "--with ''" leaves the extra
 # fault kinds out, "--three 300 --five 100" makes a shorter sweep.

@@ -69,8 +69,6 @@ class Placement:
         self.quorum = 1
         # Per slot, the member the ring names (who should take it).
         self.ring_owners: list[str | None] = [None] * SLOTS
-        # Per slot, the member the ring names next (who takes it if its owner is gone).
-        self.successors: list[str | None] = [None] * SLOTS
         # The slots the ring names this node for, while it can take them.
         self.mine: list[int] = []
         # The slots the ring names this node next for, while it can take them: it takes one
@@ -120,12 +118,11 @@ class Placement:
             set(self.seconded),
         )
         self.ring_owners = slot_owners(ring)
-        self.successors = slot_successors(ring)
         # Only a quorum of live members can take a slot: alone, this node names itself for
         # every slot, and would ask for all of them in vain.
         if len(self.live.keys() & self.voters) >= self.quorum:
             self.mine = [s for s, owner in enumerate(self.ring_owners) if owner == self.me]
-            self.seconded = [s for s, next_ in enumerate(self.successors) if next_ == self.me]
+            self.seconded = [s for s, next_ in enumerate(slot_successors(ring)) if next_ == self.me]
         else:
             self.mine, self.seconded = [], []
         newly_mine = [slot for slot in self.mine if slot not in mine_before]

@@ -50,6 +50,7 @@ from simulations.run import (  # noqa: E402
     quiet_node_logs,
     read_seeds,
     regressions,
+    run_options,
     run_seed,
 )
 
@@ -225,9 +226,7 @@ def _sizes(text: str) -> list[int]:
 
 def replay_command(seed: int, nodes: int, extra: Sequence[str], availability: bool) -> str:
     """The command that runs `seed` again as a sweep with these options ran it."""
-    options = f" --nodes {nodes}" if nodes != NODES else ""
-    options += f" --with {','.join(extra)}" if extra else ""
-    options += " --availability" if availability else ""
+    options = " ".join(["", *run_options(nodes, tuple(extra), availability)]).rstrip()
     return f"python -m simulations run --seed {seed}{options} --trace"
 
 

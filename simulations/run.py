@@ -102,6 +102,13 @@ def read_seeds(path: Path) -> list[int]:
     return [int(line.split()[0]) for line in lines if line.strip() and not line.startswith("#")]
 
 
+def run_options(nodes: int, extra: tuple[str, ...], availability: bool) -> list[str]:
+    """The options of `python -m simulations run` that run a seed with these settings."""
+    options = ["--nodes", str(nodes)] if nodes != NODES else []
+    options += ["--with", ",".join(extra)] if extra else []
+    return options + (["--availability"] if availability else [])
+
+
 REGRESSIONS = Path(__file__).resolve().parent
 
 

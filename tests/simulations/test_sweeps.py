@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from simulations.run import NODES, Regressions, read_seeds, regressions
+from simulations.run import read_seeds, regressions, run_options
 from tests.simulations.runs import ROOT, SIMULATIONS, Run, background, background_group
 
 # As many seeds as keep `make test` within 15 minutes here (2 cores).
@@ -48,19 +48,16 @@ replayed = background(
 REPLAYED_HERE = [group for group in regressions() if group.source != "regressions.txt"]
 
 
-def replay_args(group: Regressions) -> tuple[str, ...]:
-    """The options of `run` that replay `group` as its file says it ran."""
-    return (
-        *(("--nodes", str(group.nodes)) if group.nodes != NODES else ()),
-        *(("--with", ",".join(group.extra)) if group.extra else ()),
-        *(("--availability",) if group.availability else ()),
-        "--hashes",
-    )
-
-
 regressions_replayed = background_group(
     "regressions_replayed",
-    {group.source: Run(replay_args(group), group.seeds, jobs=2) for group in REPLAYED_HERE},
+    {
+        group.source: Run(
+            (*run_options(group.nodes, group.extra, group.availability), "--hashes"),
+            group.seeds,
+            jobs=2,
+        )
+        for group in REPLAYED_HERE
+    },
 )
 # Each run twice, under two hash seeds.
 extra_kinds = background_group(
