@@ -201,9 +201,13 @@ class Membership:
             if entry.alive and entry.state.definitions != mine
         }
 
-    def has_seeds(self) -> bool:
-        """Has this node addresses of others to dial (listed, or found by DNS), besides its own?"""
-        return bool(self._seeds)
+    def unknown_seeds(self) -> int:
+        """How many of this node's seeds (listed, or found by DNS; its own address skipped)
+        belong to no member it knows of, in any state: each may be a voter it has not heard of
+        (`Recovery._cold_quorum`). A seed at a member's address is that member, as in
+        `knows_the_cluster`."""
+        known = {entry.state.address for entry in self._others.values()}
+        return sum(seed not in known for seed in self._seeds)
 
     def knows_the_cluster(self) -> bool:
         """Has this node heard from each of its seeds, and from every member any of them named,

@@ -267,12 +267,12 @@ class Ownership:
         """Changes whenever `claims` does."""
         return self.leases.settling.revision
 
-    def expects_others(self, expected: bool) -> None:
-        """Whether this node has seeds to hear from (`Membership.has_seeds`): then, knowing
-        no other member yet, it is not alone but cut off, and starts no era by itself
+    def unknown_seeds(self, count: int) -> None:
+        """How many of this node's seeds belong to no member it knows of
+        (`Membership.unknown_seeds`): a cold start counts them as voters it has not heard of
         (docs/cluster.md, "A life that knows nobody"). It only holds decisions back: the next
         `tick` goes by it."""
-        self.recovery.expects_others = expected
+        self.recovery.unknown_seeds = count
 
     def knows_the_voters(self, now: float) -> None:
         """The membership heard from each seed and every member they named

@@ -18,12 +18,12 @@ it has not read yet (`Recover`), and the first of `RULES` whose condition holds 
 | condition          | the life                                                             |
 |--------------------|----------------------------------------------------------------------|
 | `_settling`        | waits: it learns the voters first                                    |
-| `_alone_but_seeded`| waits: it knows no other member, but has seeds to hear from          |
 | `_in_quarantine`   | waits: a lease of its previous life may run                          |
 | `_read_enough`     | adopts what n − q + 1 ready others hold (`Recovered`); n counts the  |
 |                    | departed members not yet settled (cluster/departures.py)             |
 | `_proposed`        | once a quorum accepted its proposal, starts its era (`ColdWon`)      |
-| `_too_few_blank`   | waits: fewer than a quorum are new lives with nothing                |
+| `_too_few_blank`   | waits: fewer than `_cold_quorum` are new lives with nothing: a       |
+|                    | quorum of the voters it knows and of its seeds of no member it knows |
 | `_always`          | proposes an era above every floor it heard of (`ColdStart`)          |
 
 Pure: `now` comes in; messages go out through the `Mailbox`, decisions come back as values.
@@ -155,8 +155,9 @@ class Recovery:
         self.settle_until = now + settle
         # The membership heard from every member it knows of (`knows_the_voters`).
         self.voters_known = False
-        # The node has seeds (`Ownership.expects_others`): knowing nobody, it waits for them.
-        self.expects_others = False
+        # Seeds that belong to no member this life knows of (`Ownership.unknown_seeds`): each
+        # may be a voter it has not heard of.
+        self.unknown_seeds = 0
         # Departed members not yet settled (`Ownership.departures_changed`): its read counts
         # them, not answering.
         self.departed: frozenset[Departed] = frozenset()
@@ -232,12 +233,6 @@ class Recovery:
     def _settling(self, heard: _Heard, now: float) -> bool:
         return now < self.settle_until
 
-    def _alone_but_seeded(self, heard: _Heard, now: float) -> bool:
-        """It knows no other member, but has seeds: it is cut off from a cluster, not the first
-        of one, and a cold start alone would be an era of its own that the others would take
-        up, empty, once they hear of it (docs/cluster.md, "A life that knows nobody")."""
-        return self.expects_others and not heard.others
-
     def _in_quarantine(self, heard: _Heard, now: float) -> bool:
         """The quarantine waits out leases the previous life promised to a member acting on
         them; with every voter known and a new life with nothing, none acts
@@ -257,7 +252,7 @@ class Recovery:
         return self._reading is not None and self._reading.proposal is not None
 
     def _too_few_blank(self, heard: _Heard, now: float) -> bool:
-        return len(heard.blank) + 1 < heard.quorum
+        return len(heard.blank) + 1 < self._cold_quorum(heard)
 
     def _always(self, heard: _Heard, now: float) -> bool:
         return True
@@ -285,10 +280,18 @@ class Recovery:
                     best[image.slot] = image
         return Recovered(era, promised, best)
 
+    def _cold_quorum(self, heard: _Heard) -> int:
+        """How many must start an era: a quorum of the voters it knows, and of those with every
+        seed that belongs to no member it knows. The voters it knows are those the lives it
+        heard from know, and new lives that heard only of each other know only each other: a
+        quorum of them alone may be a minority of the cluster (docs/cluster.md, "A life that
+        knows nobody")."""
+        return max(heard.quorum, (len(heard.voters) + self.unknown_seeds) // 2 + 1)
+
     def _count_acceptances(self, heard: _Heard, now: float) -> ColdWon | None:
         reading = self._reading
         assert reading is not None and reading.proposal is not None
-        if len(reading.accepted_by & heard.voters) >= heard.quorum:
+        if len(reading.accepted_by & heard.voters) >= self._cold_quorum(heard):
             self.started_cold = reading.proposal
             return ColdWon(reading.proposal, frozenset(reading.accepted_by))
         return None
@@ -379,7 +382,6 @@ Action = Callable[[Recovery, _Heard, float], Decision | None]
 # What a recovering life does once it asked: the first rule whose condition holds decides.
 RULES: tuple[tuple[Condition, Action], ...] = (
     (Recovery._settling, Recovery._wait),
-    (Recovery._alone_but_seeded, Recovery._wait),
     (Recovery._in_quarantine, Recovery._wait),
     (Recovery._read_enough, Recovery._adopt),
     (Recovery._proposed, Recovery._count_acceptances),

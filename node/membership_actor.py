@@ -146,9 +146,9 @@ class MembershipActor:
         """Live members whose semaphore and rate-limit definitions differ from this node's."""
         return self._membership.drifted_members()
 
-    def has_seeds(self) -> bool:
-        """See `Membership.has_seeds`."""
-        return self._membership.has_seeds()
+    def unknown_seeds(self) -> int:
+        """See `Membership.unknown_seeds`."""
+        return self._membership.unknown_seeds()
 
     def knows_the_cluster(self) -> bool:
         """Heard from each seed and every member they named (`Membership.knows_the_cluster`)."""

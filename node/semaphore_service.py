@@ -182,7 +182,7 @@ class ClusterSemaphores:
         self._limits = limits
         self._members: tuple | None = None
         self._knows_the_cluster = False
-        self._seeded = False
+        self._unknown_seeds = 0
         self._departures: tuple = (frozenset(), frozenset())
         self.forwarded = 0
 
@@ -320,10 +320,11 @@ class ClusterSemaphores:
         if departures != self._departures:
             self._departures = departures
             self._actor.departures_changed(*departures)
-        seeded = self._membership.has_seeds()
-        if seeded != self._seeded:
-            self._seeded = seeded
-            self._actor.expects_others(seeded)
+        # After the members: a seed that became a known member counts once, as a voter.
+        unknown_seeds = self._membership.unknown_seeds()
+        if unknown_seeds != self._unknown_seeds:
+            self._unknown_seeds = unknown_seeds
+            self._actor.unknown_seeds(unknown_seeds)
         if not self._knows_the_cluster and self._membership.knows_the_cluster():
             self._knows_the_cluster = True
             self._actor.knows_the_voters()

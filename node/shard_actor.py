@@ -111,9 +111,9 @@ class ShardActor:
         self.shard.ownership.departures_changed(departed, unsettled, self._clock.now())
         self._after()
 
-    def expects_others(self, expected: bool) -> None:
-        """Whether the node has seeds to hear from (`Ownership.expects_others`)."""
-        self.shard.ownership.expects_others(expected)
+    def unknown_seeds(self, count: int) -> None:
+        """See `Ownership.unknown_seeds`."""
+        self.shard.ownership.unknown_seeds(count)
 
     def knows_the_voters(self) -> None:
         """The membership heard from every member it knows of (`Ownership.knows_the_voters`)."""

@@ -46,6 +46,8 @@ class Life:
     view: tuple = ()
     known: set = field(default_factory=set)
     departures: tuple = ()
+    # Its seeds: every other member, or none (the first node of a cluster that grows from one).
+    seeded: bool = True
 
     def local(self, t: float) -> float:
         return self.offset + self.rate * t
@@ -132,7 +134,7 @@ class Model:
         rate = self.rates.get(node, 1 + self.rng.uniform(-self.skew, self.skew))
         offset = self.rng.uniform(0, 1000)
         number = next(self._life_numbers)
-        life = Life(node, number, None, rate, offset)  # type: ignore[arg-type]
+        life = Life(node, number, None, rate, offset, seeded=seeded)  # type: ignore[arg-type]
         life.core = Ownership(
             node,
             lease=LEASE,
@@ -141,7 +143,7 @@ class Model:
             rng=random.Random(self.rng.getrandbits(64)),
             now=life.local(self.t),
         )
-        life.core.expects_others(seeded)
+        life.core.unknown_seeds(self._unknown_seeds(life))
         self.lives[node] = life
         self._schedule(self.t, "tick", node, number)
         self._schedule(self.t, "hello", node, number)
@@ -262,6 +264,14 @@ class Model:
 
     # -- internals --------------------------------------------------------------------------
 
+    def _unknown_seeds(self, life: Life) -> int:
+        """Its seeds that are no member it knows of (`Membership.unknown_seeds`): neither one it
+        heard from nor a voter it was told of; a forgotten member is known as such."""
+        if not life.seeded:
+            return 0
+        voters = set(life.view[1]) if life.view else set()
+        return len(set(self.ids) - {life.node} - life.known - voters - self.forgotten)
+
     def _refresh_view(self, life: Life, now: float) -> None:
         live = {life.node: life.number}
         for member, heard in life.heard.items():
@@ -275,6 +285,7 @@ class Model:
         if view != life.view:
             life.view = view
             life.core.members_changed(live, voters, now)
+            life.core.unknown_seeds(self._unknown_seeds(life))
         # What gossip would tell it of the departures, at once: every running life's claims.
         claims = [
             c for other in self.lives.values() if other is not None for c in other.core.claims()

@@ -324,3 +324,14 @@ def test_members_that_said_goodbye_need_not_be_heard_from():
     node = Membership("n1", "n1", 1, seeds=["n2"])
     node.receive(gossip_of("n2", MemberState("n3", "n3", 1, 9, left=True)), 0.0)
     assert node.knows_the_cluster()
+
+
+def test_seeds_of_no_member_known_count_as_voters_not_heard_of():
+    node = Membership("n1", "n1", 1, seeds=["n1", "n2", "n3", "n4", "n5"])
+    assert node.unknown_seeds() == 4  # its own address is no seed
+    # n5, a new life, knows only itself: n2, n3 and n4 may still be voters.
+    node.receive(gossip_of("n5"), 0.0)
+    assert node.unknown_seeds() == 3
+    # Named by another, heard from or not, a member is known; one that left, known as gone.
+    node.receive(gossip_of("n2", MemberState("n3", "n3", 1, 4, left=True)), 0.1)
+    assert node.unknown_seeds() == 1

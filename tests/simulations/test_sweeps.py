@@ -21,7 +21,6 @@ REPLAYED = 5
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions*.txt, until it is fixed.
 OPEN: set[int] = {
-    188788976,  # two new lives that know only each other start an era (regressions-deep.txt)
     188788960,  # a lease lost under a clog of six links (regressions-deep.txt)
 }
 
