@@ -107,12 +107,19 @@ class NotForgotten:
 
 
 class _Entry:
-    __slots__ = ("state", "changed_at", "alive")
+    __slots__ = ("state", "changed_at", "changed_before", "alive")
 
     def __init__(self, state: MemberState, changed_at: float, alive: bool) -> None:
         self.state = state
         self.changed_at = changed_at
+        # When it advanced the time before `changed_at`.
+        self.changed_before = -math.inf
         self.alive = alive
+
+    def advanced(self, state: MemberState, now: float) -> None:
+        self.state = state
+        self.changed_before = self.changed_at
+        self.changed_at = now
 
 
 class Membership:
@@ -236,6 +243,13 @@ class Membership:
         entry = self._others.get(node_id)
         return entry.changed_at if entry is not None else None
 
+    def advanced_twice_at(self, node_id: str) -> float | None:
+        """When (by our clock) another member's entry had advanced twice as of now: the time of
+        the advance before the last (docs/cluster.md, "Routing": one late heartbeat through
+        another member is no news of a life that still runs); None for unknown or self."""
+        entry = self._others.get(node_id)
+        return entry.changed_before if entry is not None else None
+
     def gossip(self) -> Gossip:
         """This node's whole table, as it gossips it."""
         states = [self._me, *(entry.state for _, entry in sorted(self._others.items()))]
@@ -306,8 +320,7 @@ class Membership:
                         self._awake_forgotten.add(forgotten.address)
                 continue
             previous = entry.state
-            entry.state = state
-            entry.changed_at = now
+            entry.advanced(state, now)
             if state.left != previous.left:
                 self._voters_changed_at = now
             if state.left:
@@ -344,8 +357,7 @@ class Membership:
                 "to within one",
                 wait,
             )
-        entry.state = replace(entry.state, heartbeat=FORGOTTEN, left=True)
-        entry.changed_at = now
+        entry.advanced(replace(entry.state, heartbeat=FORGOTTEN, left=True), now)
         self._voters_changed_at = now
         return None
 

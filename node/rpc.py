@@ -108,8 +108,8 @@ class Rpc:
         heard_of: Callable[[str], float | None] = lambda node_id: None,
     ) -> None:
         """`clock` times the calls' timeouts, in the node's time; `heard_of(node_id)` is when
-        this node last had news of that node's life from anyone (its gossip heartbeat
-        advanced), or None."""
+        this node had had news of that node's life twice from anyone, as of now (its gossip
+        heartbeat advanced twice: `Membership.advanced_twice_at`), or None."""
         self._links = links
         self._clock = clock
         self._heard_of = heard_of
@@ -160,8 +160,10 @@ class Rpc:
         raise _ERRORS[message.error](*message.args)
 
     def _cut_off(self, node_id: str, link: Link) -> bool:
-        """Is `link` down or stalled, with news of `node_id` since it went down or last made
-        progress? News came from others, then: `node_id` lives, and only this link fails it."""
+        """Is `link` down or stalled, with news of `node_id` twice since it went down or last
+        made progress? News came from others, then: `node_id` lives, and only this link fails
+        it. Once is not enough: a heartbeat it sent the others just before it froze or died,
+        and this link never carried, comes through them after the stall."""
         since = link.stalled_since() if link.connected else link.down_since
         heard = self._heard_of(node_id)
         return since is not None and heard is not None and heard > since

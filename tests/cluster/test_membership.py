@@ -292,6 +292,18 @@ def test_last_advanced_is_when_news_of_a_member_last_arrived():
     assert node.last_advanced("a") is None
 
 
+def test_news_of_a_member_twice_since_a_time_is_told_by_the_advance_before_the_last():
+    """One advance after a link stalled may be a heartbeat the member sent the others just
+    before it froze; two show a life that still runs (`Rpc._cut_off`)."""
+    node = Membership("a", "a", 1)
+    node.receive(Gossip("b", (MemberState("b", "b", 1, 1),)), now=2.0)
+    node.receive(Gossip("c", (MemberState("b", "b", 1, 2),)), now=5.0)
+    assert node.advanced_twice_at("b") == 2.0  # one advance since 2.5 is not two
+    node.receive(Gossip("c", (MemberState("b", "b", 1, 3),)), now=5.5)
+    assert node.advanced_twice_at("b") == 5.0
+    assert node.advanced_twice_at("a") is None
+
+
 def gossip_of(sender: str, *others: MemberState, generation: int = 1) -> Gossip:
     return Gossip(sender, (MemberState(sender, sender, generation, 5), *others))
 

@@ -41,7 +41,7 @@ class Pair:
         self.streams: list[trio.testing.MemorySendStream] = []
         # Set to hold what arrives at each node, as a clogged link or a frozen node would.
         self.holding: trio.Event | None = None
-        # When each node last had news of the other's life, as gossip would tell it.
+        # When each node had had news of the other's life twice, as gossip would tell it.
         self.heard_of: dict[str, float] = {}
         for name in ("a", "b"):
             self.nodes[name] = Links(
