@@ -78,6 +78,12 @@ class NotServing(SemaphoreError):
         self.reason = reason
 
 
+class NotServingCutOff(NotServing):
+    """`NotServing`, from a node whose links reach no quorum: it will not serve that soon, and
+    a node that forwarded the request there sends its client elsewhere (docs/cluster.md,
+    "Routing")."""
+
+
 class RateLimitError(Exception):
     """Base of every error a client can cause through the rate-limit API."""
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from .errors import NotServing, SemaphoreError, UnknownPeer, UnknownSemaphore
+from .errors import NotServing, NotServingCutOff, SemaphoreError, UnknownPeer, UnknownSemaphore
 from .home import Confirmed, Granted, Home, Queued, Removed
 from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
@@ -316,7 +316,7 @@ class Shard:
         match op:
             case NewPeer(lifetime, key):
                 if not self.ownership.acts_for_any(now):
-                    raise NotServing(f"{self.me} acts for no slot now")
+                    raise self._not_serving(f"{self.me} acts for no slot now", now)
                 return home.new_peer(
                     now,
                     lifetime,
@@ -328,7 +328,9 @@ class Shard:
                 if name not in self._config:
                     raise UnknownSemaphore(name)
                 if not self.serves_semaphore(name, now):
-                    raise NotServing(f"semaphore {name!r} is not served by {self.me} now")
+                    raise self._not_serving(
+                        f"semaphore {name!r} is not served by {self.me} now", now
+                    )
                 return self.owner.remainder(name)
             case ListPeers(low, high, most):
                 return home.peers.peer_ids(low, high, most)
@@ -354,7 +356,14 @@ class Shard:
 
     def _check_home(self, peer_id: int, now: float) -> None:
         if not self.serves_peer(peer_id, now):
-            raise NotServing(f"peer {peer_id} is not served by {self.me} now")
+            raise self._not_serving(f"peer {peer_id} is not served by {self.me} now", now)
+
+    def _not_serving(self, reason: str, now: float) -> NotServing:
+        """Refusing what this node does not serve; cut off from most members, it says so, and
+        whoever forwarded the request here sends the client on (docs/cluster.md, "Routing")."""
+        if self.ownership.reaches_quorum(now):
+            return NotServing(reason)
+        return NotServingCutOff(f"{reason}: its links reach no quorum")
 
     def _acquired(self, request_id: int, op: Acquire, result: bool | None, now: float) -> None:
         if result:

@@ -74,6 +74,7 @@ _ERRORS: dict[str, type[Exception]] = {
         errors.ShrinkingLockCount,
         errors.StaleOperation,
         errors.NotServing,
+        errors.NotServingCutOff,
         errors.UnknownLimiter,
         errors.InvalidWeight,
         Unavailable,

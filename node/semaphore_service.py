@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import trio
 
-from sluicegate.cluster.errors import LimitError, NotServing
+from sluicegate.cluster.errors import LimitError, NotServing, NotServingCutOff
 from sluicegate.cluster.limits import DEFAULT_LIMITS, Limits
 from sluicegate.cluster.semaphore_ops import (
     LAST_PEER_ID,
@@ -41,7 +41,7 @@ from sluicegate.cluster.semaphores import SemaphoreStats
 
 from .clock import TRIO_CLOCK, Clock
 from .membership_actor import MembershipActor
-from .rpc import Rpc, Unavailable
+from .rpc import Rpc, Unavailable, Unreachable
 from .semaphore_actor import Answers, SemaphoreActor
 from .shard_actor import ShardActor
 
@@ -221,7 +221,8 @@ class ClusterSemaphores:
             self.forwarded += 1
             return await self._rpc.call(target, op, timeout)
         except NotServing as error:
-            raise Unavailable(error.reason) from None
+            cut_off = isinstance(error, NotServingCutOff)
+            raise (Unreachable if cut_off else Unavailable)(error.reason) from None
 
     def retry_here_for(self) -> float:
         """How long a client should go on asking this node through its 503s: while its own

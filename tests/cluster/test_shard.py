@@ -4,7 +4,7 @@ sockets."""
 
 from __future__ import annotations
 
-from sluicegate.cluster.errors import NotServing, StaleOperation, UnknownPeer
+from sluicegate.cluster.errors import NotServing, NotServingCutOff, StaleOperation, UnknownPeer
 from sluicegate.cluster.home import DECISION_TIMEOUT
 from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRestore
 from sluicegate.cluster.parked import STOP_CHUNK
@@ -176,6 +176,22 @@ def test_a_node_answers_503_for_a_slot_it_does_not_act_for():
     elsewhere = next(n for n in NODES if n != home)
     answer = cluster.call(IsAcquired(peer), elsewhere)
     assert isinstance(answer.error, NotServing)
+
+
+def test_a_node_cut_off_from_most_says_so_when_it_refuses():
+    """A node that forwarded the request there sends its client on instead of telling it to
+    wait for a takeover (docs/cluster.md, "Routing"; five-node seed 188788960)."""
+    cluster = Shards(CONFIG, NODES)
+    peer = new_peer(cluster)
+    home = cluster.target(Heartbeat(peer, 1))
+    elsewhere = next(n for n in NODES if n != home)
+    assert not isinstance(cluster.call(IsAcquired(peer), elsewhere).error, NotServingCutOff)
+    for other in NODES:
+        if other != elsewhere:
+            cluster.hold(elsewhere, other)
+    cluster.run(LEASE)
+    answer = cluster.call(IsAcquired(peer), elsewhere)
+    assert isinstance(answer.error, NotServingCutOff), answer
 
 
 def test_a_deleted_peer_releases_every_lock_before_its_answer():

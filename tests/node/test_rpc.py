@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from trio_websocket import wrap_client_stream, wrap_server_stream
 
-from sluicegate.cluster.errors import LockNeverAcquirable, UnknownPeer
+from sluicegate.cluster.errors import LockNeverAcquirable, NotServingCutOff, UnknownPeer
 from sluicegate.cluster.rate_algorithms import Decision
 from sluicegate.cluster.rate_limits import RateChecks, RateHandover, RateState, SlotRates
 from sluicegate.cluster.semaphore_ops import (
@@ -115,6 +115,14 @@ async def test_domain_errors_arrive_as_the_same_exceptions(autojump_clock, pair)
     assert (error.value.asked, error.value.max) == (5, 1)
     with pytest.raises(UnknownPeer):
         await pair.rpcs["a"].call("b", IsAcquired(2**64 - 1), timeout=5)
+    # Refused by a node cut off from most: the forwarder tells its client to move on.
+    pair.handler = lambda op: _raise(NotServingCutOff("peer 3 is not served by b now"))
+    with pytest.raises(NotServingCutOff, match="peer 3"):
+        await pair.rpcs["a"].call("b", IsAcquired(3), timeout=5)
+
+
+async def _raise(error: Exception) -> None:
+    raise error
 
 
 async def test_no_link_or_no_answer_is_unavailable(autojump_clock, pair):
