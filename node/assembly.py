@@ -219,7 +219,7 @@ class Node:
             down_after=cluster.down_after,
             definitions=definitions_digest(config),
         )
-        rpc = Rpc(links, clock=seams.clock, heard_of=membership.advanced_twice_at)
+        rpc = Rpc(links, clock=seams.clock, news_twice_at=membership.advanced_twice_at)
         membership_actor = MembershipActor(
             membership,
             links,

@@ -106,14 +106,14 @@ class Rpc:
         self,
         links: CallLinks,
         clock: Clock = TRIO_CLOCK,
-        heard_of: Callable[[str], float | None] = lambda node_id: None,
+        news_twice_at: Callable[[str], float | None] = lambda node_id: None,
     ) -> None:
-        """`clock` times the calls' timeouts, in the node's time; `heard_of(node_id)` is when
+        """`clock` times the calls' timeouts, in the node's time; `news_twice_at(node_id)` is when
         this node had had news of that node's life twice from anyone, as of now (its gossip
         heartbeat advanced twice: `Membership.advanced_twice_at`), or None."""
         self._links = links
         self._clock = clock
-        self._heard_of = heard_of
+        self._news_twice_at = news_twice_at
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Slot] = {}
 
@@ -166,7 +166,7 @@ class Rpc:
         it. Once is not enough: a heartbeat it sent the others just before it froze or died,
         and this link never carried, comes through them after the stall."""
         since = link.stalled_since() if link.connected else link.down_since
-        heard = self._heard_of(node_id)
+        heard = self._news_twice_at(node_id)
         return since is not None and heard is not None and heard > since
 
     def link_down(self, node_id: str) -> None:

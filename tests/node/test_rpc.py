@@ -42,7 +42,7 @@ class Pair:
         # Set to hold what arrives at each node, as a clogged link or a frozen node would.
         self.holding: trio.Event | None = None
         # When each node had had news of the other's life twice, as gossip would tell it.
-        self.heard_of: dict[str, float] = {}
+        self.news_twice_at: dict[str, float] = {}
         for name in ("a", "b"):
             self.nodes[name] = Links(
                 name,
@@ -54,7 +54,7 @@ class Pair:
                 1,
                 on_link_down=lambda remote_id, name=name: self.rpcs[name].link_down(remote_id),
             )
-            self.rpcs[name] = Rpc(self.nodes[name], heard_of=self.heard_of.get)
+            self.rpcs[name] = Rpc(self.nodes[name], news_twice_at=self.news_twice_at.get)
 
     def _deliver(self, name: str):
         async def deliver(remote_id: str, messages: list[object]) -> None:
@@ -205,7 +205,7 @@ async def test_a_call_over_a_link_stalled_to_a_node_others_hear_from_is_unreacha
 
     async def others_hear_of_b() -> None:
         await trio.sleep(2)
-        pair.heard_of["b"] = trio.current_time()
+        pair.news_twice_at["b"] = trio.current_time()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(others_hear_of_b)
@@ -232,7 +232,7 @@ async def test_a_call_over_a_link_stalled_to_a_silent_node_waits(autojump_clock,
 
     pair.handler = answer
     pair.holding = trio.Event()
-    pair.heard_of["b"] = trio.current_time()  # news from before the stall: b may be frozen
+    pair.news_twice_at["b"] = trio.current_time()  # news from before the stall: b may be frozen
     started = trio.current_time()
     with pytest.raises(Unavailable, match="did not answer within 5 s") as refused:
         await pair.rpcs["a"].call("b", Remainder("A"), timeout=5)
@@ -255,11 +255,11 @@ async def test_a_call_over_a_link_down_is_unreachable_only_if_others_hear_from_t
     await pair.streams[-1].aclose()  # the link breaks, and redials after a backoff
     while pair.nodes["a"].find("b").connected:
         await trio.sleep(0.001)
-    pair.heard_of["b"] = trio.current_time() - 1  # news from before it broke: b may be dead
+    pair.news_twice_at["b"] = trio.current_time() - 1  # news from before it broke: b may be dead
     with pytest.raises(Unavailable, match="no link to b") as refused:
         await rpc.call("b", Remainder("A"), timeout=5)
     assert not isinstance(refused.value, Unreachable)
-    pair.heard_of["b"] = trio.current_time() + 0.01  # news since, through others
+    pair.news_twice_at["b"] = trio.current_time() + 0.01  # news since, through others
     await trio.sleep(0.01)
     with pytest.raises(Unreachable, match="the link to b is down, while others hear from it"):
         await rpc.call("b", Remainder("A"), timeout=5)
