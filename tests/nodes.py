@@ -272,6 +272,16 @@ def wait_until(predicate, timeout: float, what: str) -> float:
     return time.monotonic() - started
 
 
+def not_ready(nodes: list[NodeProcess], context: ssl.SSLContext | None = None) -> str:
+    """What the nodes that do not serve yet logged last, for a failure's report."""
+    return "\n".join(
+        f"{node.workdir.name} not ready; its log ends:\n"
+        + "\n".join(node.new_log().splitlines()[-25:])
+        for node in nodes
+        if not is_ready(node.url, context)
+    )
+
+
 @contextmanager
 def cluster_of(
     workdir: Path,
@@ -292,9 +302,14 @@ def cluster_of(
             args = ["--node-id", node_id, *join]
             nodes.append(NodeProcess(text, workdir=workdir / node_id, args=args, env=dict(env)))
             nodes[-1].start()
-        wait_until(
-            lambda: all(is_ready(node.url, context) for node in nodes), ready_within, "all ready"
-        )
+        try:
+            wait_until(
+                lambda: all(is_ready(node.url, context) for node in nodes),
+                ready_within,
+                "all ready",
+            )
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}\n{not_ready(nodes, context)}") from None
         yield nodes
     finally:
         for node in nodes:
