@@ -362,7 +362,8 @@ class Ownership:
 
     def _on_resign(self, sender: str, resign: Resign, now: float) -> None:
         self.acceptor.resign(resign.slot, resign.ballot)
-        self.leases.handed_over(resign.slot, now)
+        if sender != self.me:  # what this node gave up, it does not take back at once
+            self.leases.handed_over(resign.slot, now)
 
     def _on_accept(self, sender: str, write: Accept, now: float) -> None:
         if not self.ready:

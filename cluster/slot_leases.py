@@ -22,7 +22,8 @@ promises are leases that keep the slot from the next member at those acceptors, 
 lapse meanwhile.
 
 An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
-quorum renews). It *resigns* a slot when its ring names another member that a quorum of
+quorum renews); `Resign` then ends its lease where acceptors still hear it, and it asks again
+only a lease or a half later, as a preparer that heard from fewer than a quorum. It *resigns* a slot when its ring names another member that a quorum of
 acceptors reports as wanting it (refused for the lease): it stops first, then `Resign` ends
 the lease promises, so the next owner need not wait them out. A member that cannot reach a
 quorum never gets a slot resigned to it.
@@ -228,7 +229,7 @@ class SlotLeases:
         """Lease ends, takes that waited long enough, resignations, takes and renewals."""
         for slot, owned in list(self.owned.items()):
             if owned.phase == ACTING and now >= owned.lease_from + self.usable_lease:
-                self.lose(slot, now, resigned=False)
+                self._lease_ran_out(slot, owned.ballot, now)
             elif owned.phase == PREPARING and now >= owned.prepared_at + self.lease:
                 self._give_up(slot, now, heard_from_quorum=self._heard_from_quorum(owned))
             elif owned.phase == WRITING and now >= owned.prepared_at + self.lease:
@@ -385,6 +386,15 @@ class SlotLeases:
             self.retry_at[slot] = now + wait * self._rng.uniform(0.5, 1.0)
         else:
             self.retry_at[slot] = now + self.lease * self._rng.uniform(1.0, 1.5)
+
+    def _lease_ran_out(self, slot: int, ballot: Ballot, now: float) -> None:
+        """No quorum renewed `slot`'s lease in time: act no more, end the lease where acceptors
+        still hear this node, and ask again a lease or a half later. Asked sooner, only the
+        minority that still hears it would answer, and each promise there is a lease that keeps
+        the slot from the member next in the ring, which may reach a quorum (five-node seed
+        733965563)."""
+        self._give_up(slot, now, heard_from_quorum=False)
+        self._mail.to_all(self._placement.voters, Resign(slot, ballot))
 
     def on_accepted(self, sender: str, slot: int, ballot: Ballot, version: int, now: float) -> None:
         owned = self.owned.get(slot)

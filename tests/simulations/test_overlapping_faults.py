@@ -301,13 +301,16 @@ def test_a_new_life_heard_of_only_through_gossip_keeps_no_slot_from_the_others()
     assert check_history(history, CONFIG, EXPIRES_IN) == [], trace
 
 
-async def home_clogged_but_heard(stage: Stage, successor_hears_home: bool) -> dict[str, object]:
+async def home_clogged_but_heard(
+    stage: Stage, successor_hears_home: bool, another_down: bool
+) -> dict[str, object]:
     """A client holds A for three expiries, its peer homed at X. X's links to every member but
     Y hold their messages (a clog, both ways): Y still hears X and gossips its heartbeat, so the
     others keep X live, and their rings keep naming it for its slots, while X reaches no quorum.
     S, the member the ring names next for the peer's slot, is Y (`successor_hears_home`) or one
-    of the clogged. Returns the roles, and when the slot was acted for by whom, from the clog
-    on."""
+    of the clogged; with `another_down`, a member that is neither crashed 1.5 s before the clog,
+    so that S's quorum needs Y. Returns the roles, and when the slot was acted for by whom, from
+    the clog on."""
     history = stage.history
     acted: list[tuple[float, str | None]] = []
     async with stage.client("c0", list(stage.ids)) as client:
@@ -318,6 +321,9 @@ async def home_clogged_but_heard(stage: Stage, successor_hears_home: bool) -> di
             x = stage.home_of(lease.peer_id)
             s = stage.next_for(peer_key(lease.peer_id), without=x)
             y = s if successor_hears_home else next(m for m in stage.ids if m not in (x, s))
+            if another_down:
+                stage.crash(next(m for m in stage.ids if m not in (x, y, s)))
+                await stage.sleep(1.5)
             began = trio.current_time()
             await stage.play([(0.0, "clog", x, m) for m in stage.ids if m not in (x, y)])
             while trio.current_time() < began + 3 * EXPIRES_IN:
@@ -330,20 +336,24 @@ async def home_clogged_but_heard(stage: Stage, successor_hears_home: bool) -> di
     return {"X": x, "Y": y, "S": s, "acted": acted}
 
 
-@pytest.mark.parametrize("successor_hears_home", [True, False])
+@pytest.mark.parametrize(
+    "successor_hears_home, another_down", [(True, False), (False, False), (False, True)]
+)
 def test_a_home_clogged_from_a_majority_but_heard_through_a_minority_hands_its_slots_on(
-    successor_hears_home,
+    successor_hears_home, another_down
 ):
     """Five-node seed 789036763 (`--with skew,freeze,overlap,wall --availability`), pinned: X
     clogged from three of five, still heard through Y. The ring named X for its slots, nobody
     else took them, and the heartbeated lease ran out. Now S takes the slot once its own
     acceptor has heard no owner renew and no other member ask for a lease: within the takeover
-    bound of the clog if S is clogged from X too; if S hears X, X's own lease runs out first and
-    it asks again once, in vain, so within that lease and the bound."""
+    bound of the clog if S is clogged from X too; if S hears X, X's own lease runs out first,
+    so within that lease and the bound. Five-node seed 733965563, pinned with `another_down`:
+    S needs Y, and X, its lease lost, prepared again through Y, whose promise kept the slot
+    from S for another lease; now X resigns where it is heard and waits before it asks again."""
     roles: dict[str, object] = {}
 
     async def script(stage: Stage) -> None:
-        roles.update(await home_clogged_but_heard(stage, successor_hears_home))
+        roles.update(await home_clogged_but_heard(stage, successor_hears_home, another_down))
 
     history = run_script(script, seed=0)
     trace = "\n".join(history.lines())

@@ -20,9 +20,7 @@ REPLAYED = 5
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions*.txt, until it is fixed.
-OPEN: set[int] = {
-    733965563,  # a lost owner's leases at a minority outlast the takeover bound (regressions-deep)
-}
+OPEN: set[int] = set()
 
 
 EXTRA_KINDS = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
