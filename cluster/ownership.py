@@ -316,6 +316,8 @@ class Ownership:
     # -- messages ---------------------------------------------------------------------------
 
     def _handle(self, sender: str, message: Message, now: float) -> None:
+        if sender != self.me:
+            self.leases.heard(sender, now)
         recovering = FROM_RECOVERING.get(type(message))
         if isinstance(message, RecoverReply):
             recovering = not message.ready

@@ -23,7 +23,8 @@ lapse meanwhile.
 
 An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
 quorum renews); `Resign` then ends its lease where acceptors still hear it, and it asks again
-only a lease or a half later, as a preparer that heard from fewer than a quorum. It *resigns* a slot when its ring names another member that a quorum of
+a lease or a half later, as a preparer that heard from fewer than a quorum, or once it has heard
+from a quorum of voters since. It *resigns* a slot when its ring names another member that a quorum of
 acceptors reports as wanting it (refused for the lease): it stops first, then `Resign` ends
 the lease promises, so the next owner need not wait them out. A member that cannot reach a
 quorum never gets a slot resigned to it.
@@ -146,6 +147,11 @@ class SlotLeases:
         self._awaiting_previous: set[int] = set()
         # Slots to resign once their writes are committed.
         self._to_resign: set[int] = set()
+        # Slots whose lease ran out unrenewed, and when: taken again a lease or a half later,
+        # or once a quorum of voters has been heard from since (`heard`). When each member
+        # other than this one was last heard from.
+        self._ran_out_at: dict[int, float] = {}
+        self._heard_at: dict[str, float] = {}
         # The lease rounds sent within the last lease, by number; the last number; when the
         # next round goes.
         self._rounds: dict[int, LeaseRound] = {}
@@ -283,6 +289,7 @@ class SlotLeases:
     # -- taking a slot ----------------------------------------------------------------------
 
     def prepare(self, slot: int, era: int, now: float) -> None:
+        self._ran_out_at.pop(slot, None)
         seen = self.seen[slot]
         ballot = Ballot(era, seen.number + 1 if seen.era == era else 1, self.me)
         self.seen[slot] = ballot
@@ -389,12 +396,30 @@ class SlotLeases:
 
     def _lease_ran_out(self, slot: int, ballot: Ballot, now: float) -> None:
         """No quorum renewed `slot`'s lease in time: act no more, end the lease where acceptors
-        still hear this node, and ask again a lease or a half later. Asked sooner, only the
-        minority that still hears it would answer, and each promise there is a lease that keeps
-        the slot from the member next in the ring, which may reach a quorum (five-node seed
-        733965563)."""
+        still hear this node, and ask again a lease or a half later, or as soon as a quorum of
+        voters has been heard from since. Asked sooner, only the minority that still hears it
+        would answer, and each promise there is a lease that keeps the slot from the member next
+        in the ring, which may reach a quorum (five-node seed 733965563); asked later than a
+        quorum is heard, the slot waits for nothing, for the member next in the ring defers to
+        the one the ring names (seed 307983834)."""
         self._give_up(slot, now, heard_from_quorum=False)
         self._mail.to_all(self._placement.voters, Resign(slot, ballot))
+        self._ran_out_at[slot] = now
+
+    def heard(self, sender: str, now: float) -> None:
+        """A message from `sender` arrived: the link from it flows."""
+        self._heard_at[sender] = now
+        if not self._ran_out_at:
+            return
+        ended = {at for at in set(self._ran_out_at.values()) if self._heard_from_quorum_since(at)}
+        for slot in [slot for slot, at in self._ran_out_at.items() if at in ended]:
+            del self._ran_out_at[slot]
+            self.retry_at[slot] = min(self.retry_at[slot], now)
+            self._deadline_moved()
+
+    def _heard_from_quorum_since(self, since: float) -> bool:
+        heard = {m for m, at in self._heard_at.items() if at >= since} | {self.me}
+        return len(heard & self._placement.voters) >= self._placement.quorum
 
     def on_accepted(self, sender: str, slot: int, ballot: Ballot, version: int, now: float) -> None:
         owned = self.owned.get(slot)

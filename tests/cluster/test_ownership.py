@@ -606,6 +606,60 @@ def test_a_preparer_heard_by_fewer_than_a_quorum_waits_a_lease_before_it_asks_ag
     assert 3 not in heard.leases.owned and heard.leases.retry_at[3] < 1.5
 
 
+def five_acting() -> dict[str, Ownership]:
+    """Five ready voters, each acting for the slots its ring names it for."""
+    members = {f"n{i}": 1 for i in range(1, 6)}
+    cores = {}
+    for me in members:
+        core = Ownership(me, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+        core.members_changed(members, set(members), 0.0)
+        core._become_ready(5, 0.0, cold=True)
+        cores[me] = core
+    run_until(cores, 0.5)
+    return cores
+
+
+def test_an_owner_whose_lease_ran_out_resigns_it_and_asks_again_once_a_quorum_is_heard():
+    """Five-node seeds 733965563 and 307983834. n1 is cut from the others: its lease runs out,
+    its `Resign` ends the lease where it is still heard, and it asks again a lease later, not at
+    once (a promise of the minority that heard it would keep the slot from the member next in
+    the ring), unless a quorum of voters is heard from first (the next member defers to it)."""
+    cores = five_acting()
+    n1 = cores.pop("n1")
+    slot = next(iter(n1.leases.owned))
+    ballot = n1.leases.owned[slot].ballot
+    now, resigned = 0.5, []
+    while n1.acting(slot, now):
+        now = round(now + 0.05, 6)
+        n1.tick(now)
+        resigned += [m for _, m in n1.outbox() if isinstance(m, Resign) and m.slot == slot]
+        exchange(cores, now)
+    ran_out = now
+    assert resigned == [Resign(slot, ballot)] * 4
+    assert n1.leases.retry_at[slot] >= ran_out + 1.0
+    n1.receive("n2", Renew(99, 5, [], []), ran_out + 0.1)  # two of five: not a quorum
+    assert n1.leases.retry_at[slot] >= ran_out + 1.0
+    n1.receive("n3", Renew(99, 5, [], []), ran_out + 0.2)
+    assert n1.leases.retry_at[slot] == ran_out + 0.2
+    assert ran_out + 0.2 >= n1.next_deadline()
+
+
+def test_an_acceptor_ends_a_lease_on_a_resign_of_its_ballot_only():
+    """A `Resign` that comes late, after the member asked again under a new ballot, or twice,
+    ends nothing but the lease it names."""
+    cores = five_acting()
+    n2 = cores["n2"]
+    slot = next(iter(cores["n1"].leases.owned))
+    old = cores["n1"].leases.owned[slot].ballot
+    newer = Ballot(old.era, old.number + 1, "n1")
+    n2.receive("n1", Prepare(slot, newer), 1.0)
+    n2.receive("n1", Resign(slot, old), 1.0)
+    assert n2.acceptor.slots[slot].lease_until > 1.0
+    n2.receive("n1", Resign(slot, newer), 1.0)
+    n2.receive("n1", Resign(slot, newer), 1.0)
+    assert n2.acceptor.slots[slot].lease_until < 1.0
+
+
 def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
     copy = SlotCopy()
     ballot = Ballot(1, 1, "n1")
