@@ -22,12 +22,12 @@ promises are leases that keep the slot from the next member at those acceptors, 
 lapse meanwhile.
 
 An owner *loses* a slot when its lease runs out (one acceptor's refusal does not end it while a
-quorum renews); `Resign` then ends its lease where acceptors still hear it, and it asks again
-a lease or a half later, as a preparer that heard from fewer than a quorum, or once it has heard
-from a quorum of voters since. It *resigns* a slot when its ring names another member that a quorum of
-acceptors reports as wanting it (refused for the lease): it stops first, then `Resign` ends
-the lease promises, so the next owner need not wait them out. A member that cannot reach a
-quorum never gets a slot resigned to it.
+quorum renews); `Resign` then ends its lease where acceptors still hear it, and it asks again a
+lease or a half later, as a preparer that heard from fewer than a quorum, or once it has heard
+from a quorum of voters since. It *resigns* a slot when its ring names another member that a
+quorum of acceptors reports as wanting it (refused for the lease): it stops first, then
+`Resign` ends the lease promises, so the next owner need not wait them out. A member that
+cannot reach a quorum never gets a slot resigned to it.
 
 Writes (`write`) go to every voter; `CommitGate` holds back what depends on them.
 
