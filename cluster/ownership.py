@@ -363,8 +363,11 @@ class Ownership:
         self.leases.on_renewed(sender, answer, now)
 
     def _on_resign(self, sender: str, resign: Resign, now: float) -> None:
+        wrote = self.acceptor.slots[resign.slot].copy.accepted == resign.ballot
         self.acceptor.resign(resign.slot, resign.ballot)
-        if sender != self.me:  # what this node gave up, it does not take back at once
+        # An owner that acted hands its slot on; a prepare given up hands nothing over, and what
+        # this node gave up it does not take back at once.
+        if wrote and sender != self.me:
             self.leases.handed_over(resign.slot, now)
 
     def _on_accept(self, sender: str, write: Accept, now: float) -> None:

@@ -235,7 +235,7 @@ class SlotLeases:
         """Lease ends, takes that waited long enough, resignations, takes and renewals."""
         for slot, owned in list(self.owned.items()):
             if owned.phase == ACTING and now >= owned.lease_from + self.usable_lease:
-                self._lease_ran_out(slot, owned.ballot, now)
+                self._lease_ran_out(slot, now)
             elif owned.phase == PREPARING and now >= owned.prepared_at + self.lease:
                 self._give_up(slot, now, heard_from_quorum=self._heard_from_quorum(owned))
             elif owned.phase == WRITING and now >= owned.prepared_at + self.lease:
@@ -394,16 +394,15 @@ class SlotLeases:
         else:
             self.retry_at[slot] = now + self.lease * self._rng.uniform(1.0, 1.5)
 
-    def _lease_ran_out(self, slot: int, ballot: Ballot, now: float) -> None:
+    def _lease_ran_out(self, slot: int, now: float) -> None:
         """No quorum renewed `slot`'s lease in time: act no more, end the lease where acceptors
-        still hear this node, and ask again a lease or a half later, or as soon as a quorum of
-        voters has been heard from since. Asked sooner, only the minority that still hears it
-        would answer, and each promise there is a lease that keeps the slot from the member next
-        in the ring, which may reach a quorum (five-node seed 733965563); asked later than a
-        quorum is heard, the slot waits for nothing, for the member next in the ring defers to
-        the one the ring names (seed 307983834)."""
+        still hear this node (`lose`), and ask again a lease or a half later, or as soon as a
+        quorum of voters has been heard from since. Asked sooner, only the minority that still
+        hears it would answer, and each promise there is a lease that keeps the slot from the
+        member next in the ring, which may reach a quorum (five-node seed 733965563); asked later
+        than a quorum is heard, the slot waits for nothing, for the member next in the ring
+        defers to the one the ring names (seed 307983834)."""
         self._give_up(slot, now, heard_from_quorum=False)
-        self._mail.to_all(self._placement.voters, Resign(slot, ballot))
         self._ran_out_at[slot] = now
 
     def heard(self, sender: str, now: float) -> None:
@@ -553,11 +552,13 @@ class SlotLeases:
             return
         self._to_resign.discard(slot)
         self.lose(slot, now, resigned=True)
-        self._mail.to_all(self._placement.voters, Resign(slot, owned.ballot))
 
     def lose(self, slot: int, now: float, resigned: bool) -> None:
-        """Act for `slot` no more (or stop taking it)."""
+        """Act for `slot` no more (or stop taking it), and end the leases its ballot holds
+        wherever acceptors hear this node: a promise left running keeps the slot from every
+        other member for a lease (five-node seed 492644394)."""
         owned = self.owned.pop(slot)
+        self._mail.to_all(self._placement.voters, Resign(slot, owned.ballot))
         self._deadline_moved()
         self._to_resign.discard(slot)
         self._awaiting_previous.discard(slot)

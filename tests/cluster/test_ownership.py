@@ -661,6 +661,34 @@ def test_an_acceptor_ends_a_lease_on_a_resign_of_its_ballot_only():
     assert n2.acceptor.slots[slot].lease_until < 1.0
 
 
+def test_a_prepare_given_up_ends_its_promises_at_once():
+    """Five-node seed 492644394: a member the ring stopped naming left its prepare open, and
+    the promises it had kept the slot from the owner named again for another lease."""
+    core, ballot = preparing_slot_3_of_five()
+    core.outbox()
+    core.tick(1.0)  # a whole lease without a quorum of promises
+    resigns = [(to, m) for to, m in core.outbox() if isinstance(m, Resign)]
+    assert sorted(to for to, _ in resigns) == ["n1", "n2", "n3", "n4"]
+    assert {m for _, m in resigns} == {Resign(3, ballot)}
+    assert core.acceptor.slots[3].lease_until < 1.0
+
+
+def test_a_resignation_hands_over_a_slot_its_ballot_wrote_and_nothing_else():
+    cores = five_acting()
+    n2 = cores["n2"]
+    slot = next(iter(n2.leases.owned))
+    n2.leases.lose(slot, 0.5, resigned=False)
+    n2.leases.retry_at[slot] = 9.0
+    asked = Ballot(5, 7, "n3")
+    n2.receive("n3", Prepare(slot, asked), 0.6)
+    n2.receive("n3", Resign(slot, asked), 0.7)  # a prepare given up
+    assert n2.leases.retry_at[slot] == 9.0
+    n2.receive("n3", Prepare(slot, asked), 0.75)
+    n2.receive("n3", Accept(slot, asked, 1, True, [], []), 0.75)
+    n2.receive("n3", Resign(slot, asked), 0.8)  # an owner that wrote
+    assert n2.leases.retry_at[slot] == 0.8
+
+
 def test_a_copy_takes_writes_in_order_and_asks_for_the_whole_slot_after_a_gap():
     copy = SlotCopy()
     ballot = Ballot(1, 1, "n1")
