@@ -74,6 +74,11 @@ class Placement:
         # The slots the ring names this node next for, while it can take them: it takes one
         # whose owner does not serve it (`SlotLeases`, "A slot its owner does not serve").
         self.seconded: list[int] = []
+        # Per slot this node is second for, or was second for before the ring named it, the
+        # owner's life it is second after: a flap of this node's view (the owner counted down,
+        # this node named, the owner up again) names it next after the same life again, and
+        # that is not a new owner (five-node seed 733564309).
+        self._second_after: list[tuple[str, int] | None] = [None] * SLOTS
         # Slot -> the member an acceptor that refused this node said holds its lease, and until
         # when (for routing only).
         self.lessees: dict[int, tuple[str, float]] = {}
@@ -107,16 +112,12 @@ class Placement:
         """Name a live member for each slot, and the member next after it: the ring over those
         not recovering (this node too, while it recovers: what it is asked meanwhile goes to
         those that can act). Returns the slots newly this node's, and those it is newly second
-        for (or second for after another owner)."""
+        for (or second for after another owner, or another life of it)."""
         named = self.live.keys() - self.recovering
         if not ready and named - {self.me}:
             named -= {self.me}
         ring = Ring(named)
-        owners_before, mine_before, seconded_before = (
-            self.ring_owners,
-            set(self.mine),
-            set(self.seconded),
-        )
+        mine_before = set(self.mine)
         self.ring_owners = slot_owners(ring)
         # Only a quorum of live members can take a slot: alone, this node names itself for
         # every slot, and would ask for all of them in vain.
@@ -126,12 +127,20 @@ class Placement:
         else:
             self.mine, self.seconded = [], []
         newly_mine = [slot for slot in self.mine if slot not in mine_before]
-        newly_seconded = [
-            slot
-            for slot in self.seconded
-            if slot not in seconded_before or owners_before[slot] != self.ring_owners[slot]
-        ]
-        return newly_mine, newly_seconded
+        return newly_mine, self._newly_seconded()
+
+    def _newly_seconded(self) -> list[int]:
+        seconded, newly = set(self.seconded), []
+        for slot, owner in enumerate(self.ring_owners):
+            if slot in seconded:
+                assert owner is not None
+                after = (owner, self.live[owner])
+                if after != self._second_after[slot]:
+                    self._second_after[slot] = after
+                    newly.append(slot)
+            elif owner != self.me:
+                self._second_after[slot] = None
+        return newly
 
     def heard_lessee(self, slot: int, lessee: str, until: float) -> None:
         self.lessees[slot] = (lessee, until)

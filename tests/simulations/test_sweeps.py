@@ -22,7 +22,6 @@ REPLAYED = 5
 # diagnosed in simulations/regressions*.txt, until it is fixed.
 OPEN: set[int] = {
     307983845,  # a takeover by a member behind slow links outlasts the lease (regressions-deep)
-    733564309,  # a takeover refused for a lease that ends early waits as for a live owner
 }
 
 
