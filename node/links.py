@@ -33,9 +33,10 @@ from itertools import islice
 from typing import Protocol, TypeVar
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError
 
 from .clock import TRIO_CLOCK, Clock
+from .websocket import dial
 from .wire import MAX_FRAME, Codec, WireError
 
 log = logging.getLogger("sluicegate.links")
@@ -460,11 +461,8 @@ async def websocket_dialer(
 ) -> MessageConnection:
     """Dial another node's `/cluster` route over a real socket (over TLS with the context
     `tls()` gives, if given)."""
-    scheme, context = ("ws", None) if tls is None else ("wss", tls())
     with trio.fail_after(HANDSHAKE_TIMEOUT):
-        return await connect_websocket_url(
-            nursery, f"{scheme}://{address}/cluster", context, max_message_size=MAX_FRAME
-        )
+        return await dial(address, "/cluster", None if tls is None else tls(), MAX_FRAME)
 
 
 class Links:

@@ -1,7 +1,7 @@
-"""The node's one port: WebSocket connections go straight to trio-websocket, the rest to hypercorn.
+"""The node's one port: WebSocket connections go straight to wsproto, the rest to hypercorn.
 
 A connection whose first bytes are a `GET /ws` or `GET /cluster` request is a WebSocket
-handshake of a client or of another node: trio-websocket serves it, with no ASGI layer between
+handshake of a client or of another node: node/websocket.py serves it, no ASGI layer between
 the socket and the handler (hypercorn's costs about a seventh of a `/ws` round trip here; see
 bench/ws_semaphores.py). Every other connection is hypercorn's: the Throttle HTTP API, metrics,
 and any WebSocket handshake that comes later on a kept-alive connection (the ASGI app serves
@@ -34,8 +34,9 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
+from trio_websocket import ConnectionClosed
 
+from .websocket import WebSocket, accept_handshake
 from .wire import MAX_FRAME
 
 log = logging.getLogger("sluicegate.node")
@@ -49,15 +50,13 @@ _LONGEST = max(len(prefix) for prefix, _ in WEBSOCKET_REQUESTS)
 FIRST_BYTES_TIMEOUT = 10.0
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 1.0
-# trio-websocket reads 4 KiB at a time by default; frames of up to 1 MiB want bigger reads.
-RECEIVE_BYTES = 65536
 
 # How long a refused connection is given to take its 503, and how often refusals are logged.
 REFUSAL_TIMEOUT = 1.0
 REFUSAL_LOG_INTERVAL = 10.0
 
 # Given a WebSocket's path, what serves it (None: refuse the handshake with 403).
-WebSocketRoute = Callable[[str], Callable[[WebSocketConnection], Awaitable[None]] | None]
+WebSocketRoute = Callable[[str], Callable[[WebSocket], Awaitable[None]] | None]
 
 
 def bind(config: HypercornConfig, tls: bool) -> tuple[list[trio.SocketListener], list[str]]:
@@ -196,27 +195,25 @@ async def _route(
         await hypercorn(stream).run()
         return
     try:
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
-                request = await wrap_server_stream(
-                    nursery, stream, max_message_size=MAX_FRAME, receive_buffer_size=RECEIVE_BYTES
-                )
-                route = websocket_route(request.path.partition("?")[0])
-                if route is None:
-                    await request.reject(403)
-                    return
-                websocket = await request.accept()
-            try:
-                await route(websocket)
-            finally:
-                with trio.move_on_after(CLOSE_TIMEOUT):
-                    await websocket.aclose()
-            nursery.cancel_scope.cancel()
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            accepted = await accept_handshake(
+                stream, lambda target: websocket_route(target.partition("?")[0]), MAX_FRAME
+            )
+        if accepted is None:
+            return  # refused: no such route
+        route, websocket = accepted
+        try:
+            await route(websocket)
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await websocket.aclose()
     except* (ConnectionClosed, trio.TooSlowError, trio.BrokenResourceError, OSError):
         pass  # the other side went away, or never finished its handshake
     except* Exception:
         # A bug: it ends this connection, never the node.
         log.exception("A WebSocket to %s failed.", path)
+    finally:
+        await trio.aclose_forcefully(stream)
 
 
 class Accepted(trio.abc.HalfCloseableStream):

@@ -1,4 +1,4 @@
-"""The node's one port (`node/listener.py`): WebSocket handshakes to trio-websocket, the rest to
+"""The node's one port (`node/listener.py`): WebSocket handshakes to node/websocket.py, the rest to
 hypercorn, on real loopback sockets in this process."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ async def direct_echo(websocket) -> None:
         await websocket.send_message(b"direct:" + await websocket.get_message())
 
 
-# The paths `route` was asked for: what trio-websocket (not hypercorn) took.
+# The paths `route` was asked for: what node/websocket.py (not hypercorn) took.
 routed: list[str] = []
 
 
@@ -89,7 +89,7 @@ async def raw_exchange(port: int, *pieces: bytes, until: bytes = b"\r\n\r\n") ->
 async def test_a_websocket_to_ws_is_served_directly(port):
     with trio.fail_after(TIMEOUT):
         async with open_websocket_url(f"ws://127.0.0.1:{port}/ws") as ws:
-            await ws.send_message(b"x" * 100_000)  # bigger than trio-websocket's default read
+            await ws.send_message(b"x" * 100_000)  # bigger than one read
             assert await ws.get_message() == b"direct:" + b"x" * 100_000
 
 
