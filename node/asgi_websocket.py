@@ -1,6 +1,6 @@
 """An ASGI WebSocket (hypercorn's) behind trio-websocket's interface.
 
-The node's port hands WebSocket handshakes to trio-websocket (`node/listener.py`), except one
+The node's port hands WebSocket handshakes to `node/websocket.py` (`node/listener.py`), except one
 that comes after a request on a kept-alive HTTP connection: hypercorn serves that one, and this
 adapter gives it the same `send_message` / `get_message` / `aclose`, raising the same
 `ConnectionClosed`, so the `/ws` shell and the node links see one kind of connection.

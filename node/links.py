@@ -15,8 +15,9 @@
   both ids) and a challenge of its own; the acceptor's welcome answers that one likewise. Neither
   end believes a message from the other before its proof has checked out.
 
-Connections are anything with trio-websocket's `send_message`/`get_message`/`aclose`: a real
-WebSocket, or one over in-memory streams in tests and simulations. The dialer is injected.
+Connections are anything with `send_message`/`get_message`/`aclose` (trio-websocket's
+interface): a real WebSocket (`node/websocket.py`), or one over in-memory streams in tests and
+simulations. The dialer is injected.
 """
 
 from __future__ import annotations
