@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import CloseReason, ConnectionClosed, ConnectionRejected
+from trio_websocket import CloseReason, ConnectionClosed, ConnectionRejected, HandshakeError
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -34,7 +34,7 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
-from wsproto.utilities import LocalProtocolError
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 # Bytes read from the socket at a time: frames of up to a MiB want big reads.
 RECEIVE_BYTES = 65536
@@ -145,8 +145,8 @@ async def dial(
     address: str, path: str, context: ssl.SSLContext | None, max_message: int
 ) -> WebSocket:
     """Open a WebSocket to `path` at `address` ("host:port"), over TLS with `context` if
-    given. Raises `ConnectionRejected` if the server answers other than 101; OSError and
-    trio's stream errors as the socket does."""
+    given. Raises `ConnectionRejected` if the server answers other than 101, `HandshakeError`
+    if it answers no HTTP at all, and OSError and trio's stream errors as the socket does."""
     parts = urlsplit(f"//{address}")
     host, port = parts.hostname, parts.port
     if host is None or port is None:
@@ -165,8 +165,11 @@ async def dial(
             data = await _receive(stream)
             if not data:
                 raise trio.BrokenResourceError("closed during the WebSocket handshake")
-            ws.receive_data(data)
-            events = list(ws.events())
+            try:
+                ws.receive_data(data)
+                events = list(ws.events())
+            except RemoteProtocolError as error:
+                raise HandshakeError(f"{address} answered no WebSocket: {error}") from None
             for index, event in enumerate(events):
                 if isinstance(event, AcceptConnection):
                     websocket = WebSocket(stream, ws, max_message)
@@ -185,14 +188,21 @@ async def accept_handshake(
 ) -> tuple[H, WebSocket] | None:
     """Read a client's opening handshake from `stream`, and accept it if `route` gives
     something for its target (path and query): that, and the WebSocket. Else it is answered 403,
-    and None returned. Raises `trio.BrokenResourceError` if the client goes before it asked."""
+    and None returned. Raises `trio.BrokenResourceError` if the client goes before it asked, or
+    asks for something else than a WebSocket (answered 400 where wsproto says why)."""
     ws = WSConnection(ConnectionType.SERVER)
     while True:
         data = await _receive(stream)
         if not data:
             raise trio.BrokenResourceError("closed during the WebSocket handshake")
-        ws.receive_data(data)
-        for event in ws.events():
+        try:
+            ws.receive_data(data)
+            events = list(ws.events())
+        except RemoteProtocolError as error:
+            if error.event_hint is not None:  # a 400 that says what was wrong
+                await stream.send_all(ws.send(error.event_hint))
+            raise trio.BrokenResourceError(f"not a WebSocket handshake: {error}") from None
+        for event in events:
             if isinstance(event, Request):
                 handler = route(event.target)
                 if handler is None:

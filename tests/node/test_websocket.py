@@ -106,6 +106,26 @@ async def test_a_close_comes_after_the_messages_before_it_and_is_answered():
             await websocket.send_message(b"too late")
 
 
+async def test_a_malformed_frame_closes_the_connection_with_1002():
+    with trio.fail_after(TIMEOUT):
+        peer, websocket = await accepted_pair()
+        await peer.stream.send_all(b"\x82\x05hello")  # a client's frame must be masked
+        with pytest.raises(ConnectionClosed) as closed:
+            await websocket.get_message()
+        assert closed.value.reason.code == 1002
+        event = await peer.next_event()
+        assert isinstance(event, CloseConnection) and event.code == 1002
+
+
+async def test_a_request_that_is_no_websocket_handshake_is_answered_400():
+    client, server = trio.testing.memory_stream_pair()
+    with trio.fail_after(TIMEOUT):
+        await client.send_all(b"GET /ws HTTP/1.1\r\nHost: node\r\n\r\n")
+        with pytest.raises(trio.BrokenResourceError):
+            await accept_handshake(server, lambda target: target, 1000)
+        assert (await client.receive_some(65536)).startswith(b"HTTP/1.1 400")
+
+
 async def test_a_connection_lost_without_a_close_is_closed_1006():
     with trio.fail_after(TIMEOUT):
         peer, websocket = await accepted_pair()
