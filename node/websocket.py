@@ -141,6 +141,16 @@ async def _receive(stream: trio.abc.Stream) -> bytes:
     return data if isinstance(data, bytes) else bytes(data)
 
 
+async def _handshake_events(stream: trio.abc.Stream, ws: WSConnection) -> list[Event]:
+    """What the next bytes of an opening handshake make of it; wsproto's `RemoteProtocolError`
+    if they are no handshake."""
+    data = await _receive(stream)
+    if not data:
+        raise trio.BrokenResourceError("closed during the WebSocket handshake")
+    ws.receive_data(data)
+    return list(ws.events())
+
+
 async def dial(
     address: str, path: str, context: ssl.SSLContext | None, max_message: int
 ) -> WebSocket:
@@ -162,12 +172,8 @@ async def dial(
         ws = WSConnection(ConnectionType.CLIENT)
         await stream.send_all(ws.send(Request(host=address, target=path)))
         while True:
-            data = await _receive(stream)
-            if not data:
-                raise trio.BrokenResourceError("closed during the WebSocket handshake")
             try:
-                ws.receive_data(data)
-                events = list(ws.events())
+                events = await _handshake_events(stream, ws)
             except RemoteProtocolError as error:
                 raise HandshakeError(f"{address} answered no WebSocket: {error}") from None
             for index, event in enumerate(events):
@@ -192,12 +198,8 @@ async def accept_handshake(
     asks for something else than a WebSocket (answered 400 where wsproto says why)."""
     ws = WSConnection(ConnectionType.SERVER)
     while True:
-        data = await _receive(stream)
-        if not data:
-            raise trio.BrokenResourceError("closed during the WebSocket handshake")
         try:
-            ws.receive_data(data)
-            events = list(ws.events())
+            events = await _handshake_events(stream, ws)
         except RemoteProtocolError as error:
             if error.event_hint is not None:  # a 400 that says what was wrong
                 await stream.send_all(ws.send(error.event_hint))

@@ -55,6 +55,15 @@ async def accepted_pair(max_message: int = 1000) -> tuple[Peer, WebSocket]:
     return peer, websocket
 
 
+async def closed_both_ways_with(code: int, peer: Peer, websocket: WebSocket) -> None:
+    """The node's end raises `ConnectionClosed` with `code`, and sent the peer a close with it."""
+    with pytest.raises(ConnectionClosed) as closed:
+        await websocket.get_message()
+    assert closed.value.reason.code == code
+    event = await peer.next_event()
+    assert isinstance(event, CloseConnection) and event.code == code
+
+
 async def test_messages_in_several_frames_arrive_whole_and_in_order():
     with trio.fail_after(TIMEOUT):
         peer, websocket = await accepted_pair()
@@ -77,11 +86,7 @@ async def test_a_message_over_the_bound_closes_the_connection_with_1009():
             BytesMessage(b"x" * 6, message_finished=False),
             BytesMessage(b"x" * 6, message_finished=True),
         )
-        with pytest.raises(ConnectionClosed) as closed:
-            await websocket.get_message()
-        assert closed.value.reason.code == 1009
-        event = await peer.next_event()
-        assert isinstance(event, CloseConnection) and event.code == 1009
+        await closed_both_ways_with(1009, peer, websocket)
 
 
 async def test_a_ping_is_answered_where_it_is_read():
@@ -110,11 +115,7 @@ async def test_a_malformed_frame_closes_the_connection_with_1002():
     with trio.fail_after(TIMEOUT):
         peer, websocket = await accepted_pair()
         await peer.stream.send_all(b"\x82\x05hello")  # a client's frame must be masked
-        with pytest.raises(ConnectionClosed) as closed:
-            await websocket.get_message()
-        assert closed.value.reason.code == 1002
-        event = await peer.next_event()
-        assert isinstance(event, CloseConnection) and event.code == 1002
+        await closed_both_ways_with(1002, peer, websocket)
 
 
 async def test_a_request_that_is_no_websocket_handshake_is_answered_400():
