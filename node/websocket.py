@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -81,8 +81,7 @@ class WebSocket:
                 self._lost()
                 continue
             self._ws.receive_data(data)
-            for event in self._ws.events():
-                await self._handle(event)
+            await self._take(self._ws.events())
         return self._messages.popleft()
 
     async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
@@ -96,29 +95,33 @@ class WebSocket:
         finally:
             await self._stream.aclose()
 
-    async def _handle(self, event: Event) -> None:
-        if self.closed is not None:
-            return
-        if isinstance(event, BytesMessage | TextMessage):
-            self._size += len(event.data)
-            if self._size > self._max_message:
-                await self.aclose(TOO_BIG, f"a message over {self._max_message} bytes")
+    async def _take(self, events: Iterable[Event]) -> None:
+        """Messages to `_messages`; pings and closes answered (a coroutine per read, not per
+        message: data needs no waiting)."""
+        for event in events:
+            if self.closed is not None:
                 return
-            self._parts.append(event.data)
-            if event.message_finished:
-                parts, self._parts, self._size = self._parts, [], 0
-                if len(parts) == 1:
-                    self._messages.append(parts[0])
-                else:
-                    self._messages.append(
-                        (b"" if isinstance(event, BytesMessage) else "").join(parts)
-                    )
-        elif isinstance(event, Ping):
-            await self._send_control(event.response())
-        elif isinstance(event, CloseConnection):
-            self.closed = CloseReason(event.code, event.reason or None)
-            await self._send_control(event.response())
-            await self._stream.aclose()
+            if isinstance(event, BytesMessage | TextMessage):
+                if not self._add(event):
+                    await self.aclose(TOO_BIG, f"a message over {self._max_message} bytes")
+            elif isinstance(event, Ping):
+                await self._send_control(event.response())
+            elif isinstance(event, CloseConnection):
+                self.closed = CloseReason(event.code, event.reason or None)
+                await self._send_control(event.response())
+                await self._stream.aclose()
+
+    def _add(self, part: BytesMessage | TextMessage) -> bool:
+        """Add a part of a message; False if the message grew past `max_message`."""
+        self._size += len(part.data)
+        if self._size > self._max_message:
+            return False
+        self._parts.append(part.data)
+        if part.message_finished:
+            parts, self._parts, self._size = self._parts, [], 0
+            joiner = b"" if isinstance(part, BytesMessage) else ""
+            self._messages.append(parts[0] if len(parts) == 1 else joiner.join(parts))
+        return True
 
     async def _send(self, event: Event) -> None:
         async with self._send_lock:
@@ -179,8 +182,7 @@ async def dial(
             for index, event in enumerate(events):
                 if isinstance(event, AcceptConnection):
                     websocket = WebSocket(stream, ws, max_message)
-                    for later in events[index + 1 :]:
-                        await websocket._handle(later)
+                    await websocket._take(events[index + 1 :])
                     return websocket
                 if isinstance(event, RejectConnection):
                     raise ConnectionRejected(event.status_code, tuple(event.headers), None)
