@@ -141,8 +141,10 @@ class SlotLeases:
         # next wait after a refusal is (it doubles while refusals go on).
         self.retry_at = [-math.inf] * SLOTS
         self._backoff = [self.lease / 8] * SLOTS
-        # Per slot this node is second for, since when (under its present owner).
+        # Per slot this node is second for, since when (under its present owner), and when
+        # that owner last resigned it under a ballot that acted.
         self._second_since = [math.inf] * SLOTS
+        self._handed_at = [-math.inf] * SLOTS
         # Slots waiting for their previous owner's promise before they adopt a state.
         self._awaiting_previous: set[int] = set()
         # Slots to resign once their writes are committed.
@@ -184,9 +186,12 @@ class SlotLeases:
     def unserved_from(self, slot: int) -> float:
         """When this node, second for `slot`, takes it if nothing changes: a lease after its
         acceptor last heard an owner renew, or another member ask for the slot (it defers to a
-        preparer it hears), or after this node became second for it."""
-        heard = self._acceptor.slots[slot].heard_at
-        return max(heard, self._second_since[slot]) + self.lease
+        preparer it hears), or after this node became second for it; at once if the owner
+        resigned it since."""
+        since = max(self._acceptor.slots[slot].heard_at, self._second_since[slot])
+        if self._handed_at[slot] >= since:
+            return self._handed_at[slot]
+        return since + self.lease
 
     def _takes_over(self, now: float) -> list[int]:
         """The slots this node is second for that it may take now, leaving out when."""
@@ -276,11 +281,19 @@ class SlotLeases:
         self.gate.written(slot, write.version)
         self._mail.to_all(self._placement.voters, write)
 
-    def handed_over(self, slot: int, now: float) -> None:
-        """The owner of `slot` resigned it: take it now if it is this node's."""
-        if self._placement.ring_owners[slot] == self.me and slot not in self.owned:
+    def handed_over(self, slot: int, owner: str, now: float) -> None:
+        """`owner` resigned `slot` under a ballot that acted: take it now if it is this node's,
+        or if this node is second for it after `owner`."""
+        named = self._placement.ring_owners[slot]
+        if named == self.me:
+            if slot not in self.owned:
+                self.retry_at[slot] = now
+        elif named == owner and slot in self._placement.seconded:
+            self._handed_at[slot] = now
             self.retry_at[slot] = now
-            self._deadline_moved()
+        else:
+            return
+        self._deadline_moved()
 
     def lose_all(self, now: float) -> None:
         for slot in list(self.owned):

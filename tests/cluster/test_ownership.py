@@ -566,6 +566,58 @@ def test_the_member_next_in_the_ring_refused_by_a_quorum_for_the_owners_lease_wa
     assert slot not in n2.leases.owned and n2.leases.retry_at[slot] >= 2.06
 
 
+def owner_n1_heard_at_n2_until(cores: dict[str, Ownership], slot: int, now: float) -> Ballot:
+    """n1 takes `slot` at n2 (a prepare and a write) and renews it there at `now`; n2, next
+    in the ring, defers to it until a lease later."""
+    n2, ballot = cores["n2"], Ballot(5, 1, "n1")
+    run_until(cores, now)
+    n2.receive("n1", Prepare(slot, ballot), now)
+    n2.receive("n1", Accept(slot, ballot, 1, True, [], []), now)
+    n2.receive("n1", Renew(1, 5, [slot], [1]), now)
+    return ballot
+
+
+def test_the_member_next_in_the_ring_takes_at_once_a_slot_its_owner_resigned():
+    """Five-node seed 630166794: the owner's backlog, released by a clog, counted as hearing
+    it, and its `Resign` (its lease had run out) came just after; the member next in the ring
+    waited a lease from the backlog."""
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    ballot = owner_n1_heard_at_n2_until(cores, slot, 0.5)
+    run_until_from(cores, 0.5, 0.7)
+    assert slot not in n2.leases.owned
+    n2.receive("n1", Resign(slot, ballot), 0.7)
+    assert n2.next_deadline() <= 0.7
+    run_until_from(cores, 0.7, 0.8)
+    assert n2.acting(slot, 0.8) and n2.owner_of(slot) == "n1"
+
+
+def test_the_member_next_in_the_ring_waits_out_an_owner_heard_again_after_it_resigned():
+    """A `Resign` ends the wait only until the owner is heard again (it asks for the slot or
+    renews it): then its silence counts from there, as before."""
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    ballot = owner_n1_heard_at_n2_until(cores, slot, 0.5)
+    n2.receive("n1", Resign(slot, ballot), 0.5)
+    n2.receive("n1", Prepare(slot, Ballot(5, 2, "n1")), 0.52)  # its next ballot
+    run_until_from(cores, 0.5, 1.5)
+    assert slot not in n2.leases.owned
+    run_until_from(cores, 1.5, 1.75)
+    assert n2.acting(slot, 1.75)
+
+
+def test_a_resignation_of_a_member_the_ring_does_not_name_starts_no_takeover():
+    cores, slot = two_of_three_without_n1()
+    n2 = cores["n2"]
+    owner_n1_heard_at_n2_until(cores, slot, 0.5)
+    other = Ballot(5, 3, "n3")
+    n2.receive("n3", Prepare(slot, other), 0.6)
+    n2.receive("n3", Accept(slot, other, 2, True, [], []), 0.6)
+    n2.receive("n3", Resign(slot, other), 0.6)  # an owner that wrote, but not the named one
+    run_until_from(cores, 0.6, 1.5)
+    assert slot not in n2.leases.owned
+
+
 def test_a_life_just_ready_waits_a_lease_before_it_takes_a_slot_over():
     """Its acceptor heard no renewal before it was ready (it answered none), and the owners'
     first renewals come within a quarter lease: it asks for none of their slots meanwhile. (While
