@@ -167,6 +167,11 @@ class Ownership:
     def resigned(self) -> int:
         return self.leases.resigned
 
+    @property
+    def slow(self) -> bool:
+        """Do this node's lease rounds reach a quorum too slowly for it to act for slots?"""
+        return self.leases.pace.slow
+
     # -- queries ----------------------------------------------------------------------------
 
     def acting(self, slot: int, now: float) -> bool:
@@ -347,6 +352,8 @@ class Ownership:
         self.leases.on_answer(sender, answer, self.era, now)
 
     def _on_renew(self, sender: str, renew: Renew, now: float) -> None:
+        if self.placement.paced(sender, renew.slow):
+            self._designate(now)
         if not self.ready:
             return
         ballots = [Ballot(renew.era, n, sender) for n in renew.numbers]
@@ -360,7 +367,9 @@ class Ownership:
         for slot, promised in zip(answer.refused, answer.promised, strict=True):
             # One acceptor moved on: the lease runs as long as a quorum renews it.
             self._see(slot, promised, now)
-        self.leases.on_renewed(sender, answer, now)
+        if self.leases.on_renewed(sender, answer, now):
+            self.placement.paced(self.me, self.leases.pace.slow)
+            self._designate(now)
 
     def _on_resign(self, sender: str, resign: Resign, now: float) -> None:
         wrote = self.acceptor.slots[resign.slot].copy.accepted == resign.ballot

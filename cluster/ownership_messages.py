@@ -49,12 +49,15 @@ class Refuse:
 @dataclass(frozen=True, slots=True)
 class Renew:
     """Round `round` of an owner's leases: extend them for these slots, at its ballots of these
-    numbers in `era` (an owner's ballots are its own: their member is the sender)."""
+    numbers in `era` (an owner's ballots are its own: their member is the sender); `slow`: its
+    rounds reach a quorum too slowly for it to act for slots (cluster/pace.py). A ready member
+    sends its rounds even while it holds no slot, so that the others hear that too."""
 
     round: int
     era: int
     slots: list[int]
     numbers: list[int]
+    slow: bool
 
 
 @dataclass(frozen=True, slots=True)

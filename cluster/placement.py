@@ -61,6 +61,9 @@ class Placement:
         self.live: dict[str, int] = {}
         # Members whose life is recovering, by what they sent last (`FROM_RECOVERING`).
         self.recovering: set[str] = set()
+        # Members whose last renewal said their rounds are slow (this node too, by its own):
+        # the ring leaves them out while others remain (cluster/pace.py).
+        self.slow: set[str] = set()
         # The last life of each member this node knew live: one counted down that comes back
         # as the same life is not a new one.
         self._lives: dict[str, int] = {}
@@ -87,6 +90,7 @@ class Placement:
         self, live: Mapping[str, int], voters: Collection[str], ready: bool
     ) -> None:
         known = self._lives
+        self.slow = {m for m in self.slow if m == self.me or known.get(m) == live.get(m)}
         if ready:
             self.recovering.update(
                 member
@@ -108,14 +112,27 @@ class Placement:
             self.recovering.discard(sender)
         return True
 
+    def paced(self, member: str, slow: bool) -> bool:
+        """`member`'s rounds are slow (or not): did that change?"""
+        if (member in self.slow) == slow:
+            return False
+        if slow:
+            self.slow.add(member)
+        else:
+            self.slow.discard(member)
+        return True
+
     def designate(self, ready: bool) -> tuple[list[int], list[int]]:
         """Name a live member for each slot, and the member next after it: the ring over those
         not recovering (this node too, while it recovers: what it is asked meanwhile goes to
-        those that can act). Returns the slots newly this node's, and those it is newly second
-        for (or second for after another owner, or another life of it)."""
+        those that can act), and not slow while others remain. Returns the slots newly this
+        node's, and those it is newly second for (or second for after another owner, or
+        another life of it)."""
         named = self.live.keys() - self.recovering
         if not ready and named - {self.me}:
             named -= {self.me}
+        if named - self.slow:
+            named -= self.slow
         ring = Ring(named)
         mine_before = set(self.mine)
         self.ring_owners = slot_owners(ring)

@@ -55,6 +55,7 @@ from .ownership_messages import (
     Renewed,
     Resign,
 )
+from .pace import Pace
 from .placement import Placement
 from .replication import Accept, CommitGate, Record, SlotWriter
 from .slots import DRIFT, NO_BALLOT, SLOTS, Ballot
@@ -100,6 +101,7 @@ class LeaseRound:
     sent: float
     slots: dict[int, Ballot]
     confirmed: dict[int, set[str]] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
 
 
 class SlotLeases:
@@ -159,6 +161,7 @@ class SlotLeases:
         self._rounds: dict[int, LeaseRound] = {}
         self._next_round = 0
         self._renew_at = -math.inf
+        self.pace = Pace(lease)
         # What waits for this node's writes to be committed.
         self.gate: CommitGate = CommitGate()
         # This node stops: it resigns every slot (once its writes are committed) and takes none.
@@ -203,7 +206,7 @@ class SlotLeases:
         """When `tick` has something to do for the slots (`take`: it takes those it should):
         each deadline is one of `tick`'s conditions, or the actor would wake for nothing,
         again and again at one instant."""
-        deadlines = [self._renew_at if self.owned else math.inf]
+        deadlines = [self._renew_at if self.owned or take else math.inf]
         for owned in self.owned.values():
             if owned.phase == ACTING:
                 deadlines.append(owned.lease_from + self.usable_lease)
@@ -267,7 +270,7 @@ class SlotLeases:
                     if now >= max(self.retry_at[slot], self.unserved_from(slot)):
                         self.prepare(slot, era, now)
                         self.owned[slot].takeover = True
-            if self.owned and now >= self._renew_at:
+            if (self.owned or not self.leaving) and now >= self._renew_at:
                 self._renew(era, now)
 
     def see(self, slot: int, ballot: Ballot) -> None:
@@ -468,15 +471,14 @@ class SlotLeases:
         self._renew_at = now + self.lease / 4
         self._deadline_moved()
         slots = {s: o.ballot for s, o in self.owned.items() if o.phase != PREPARING}
-        if not slots:
-            return
         self._next_round += 1
         self._rounds[self._next_round] = LeaseRound(now, slots)
         for number in [n for n, r in self._rounds.items() if r.sent < now - self.lease]:
             del self._rounds[number]
         numbers = [ballot.number for ballot in slots.values()]
         self._mail.to_all(
-            self._placement.voters, Renew(self._next_round, era, list(slots), numbers)
+            self._placement.voters,
+            Renew(self._next_round, era, list(slots), numbers, self.pace.slow),
         )
         self._resend_uncommitted(now)
 
@@ -519,8 +521,9 @@ class SlotLeases:
                 writer.sent_whole(member, now)
                 self._mail.send(member, write)
 
-    def on_renewed(self, sender: str, answer: Renewed, now: float) -> None:
-        """An acceptor's answer to a `Renew`, after what it says of ballots was seen."""
+    def on_renewed(self, sender: str, answer: Renewed, now: float) -> bool:
+        """An acceptor's answer to a `Renew`, after what it says of ballots was seen: did this
+        node's pace change?"""
         for slot, member in zip(answer.wanted, answer.wanted_by, strict=True):
             owned = self.owned.get(slot)
             if owned is not None:
@@ -528,7 +531,7 @@ class SlotLeases:
                 self._consider_resigning(slot, now)
         round_ = self._rounds.get(answer.round)
         if round_ is None:
-            return
+            return False
         need = self._placement.quorum
         for slot in answer.renewed:
             owned = self.owned.get(slot)
@@ -539,6 +542,11 @@ class SlotLeases:
             if len(confirmed & self._placement.voters) >= need and round_.sent > owned.lease_from:
                 owned.lease_from = round_.sent
                 self._deadline_moved()
+        reached = len(round_.answered & self._placement.voters) >= need
+        round_.answered.add(sender)
+        if reached or len(round_.answered & self._placement.voters) < need:
+            return False
+        return self.pace.round_trip(round_.sent, now)
 
     # -- giving a slot up -------------------------------------------------------------------
 

@@ -164,6 +164,12 @@ class ClusterCollector(Collector):
             value=len(ownership.acting_slots(self._service.now())),
         )
         yield GaugeMetricFamily(
+            "sluicegate_members_slow",
+            "Members (this node included) whose lease rounds reach a quorum too slowly for them "
+            "to act for slots: the ring names them for none (docs/cluster.md).",
+            value=len(ownership.placement.slow),
+        )
+        yield GaugeMetricFamily(
             "sluicegate_peers_homed",
             "Peers whose home is this node.",
             value=len(shard.home.peers),

@@ -46,6 +46,7 @@ class ShardActor:
         # Keeps the era on disk (node/state_file.py) before a message of it leaves.
         self._keep_era = keep_era
         self._kept_era = 0
+        self._slow = False
         # What the ownership settled of departed members, for the membership to gossip.
         self._on_claims = on_claims
         self._claims_revision = 0
@@ -170,6 +171,9 @@ class ShardActor:
         if revision != self._claims_revision:
             self._claims_revision = revision
             self._on_claims(shard.ownership.claims())
+        if shard.ownership.slow != self._slow:
+            self._slow = shard.ownership.slow
+            self._log_pace()
         changes = shard.slot_changes()
         if changes:
             self._note(changes)
@@ -184,6 +188,17 @@ class ShardActor:
 
     def _wake_at(self) -> float:
         return min(self.shard.next_deadline(), self._log_at)
+
+    def _log_pace(self) -> None:
+        if self._slow:
+            log.warning(
+                "This node's lease rounds take over %.2f s to reach a quorum: its links to most "
+                "members are slow. It hands its slots on, and the members name it for none "
+                "until its rounds are fast again.",
+                self.shard.ownership.lease / 4,
+            )
+        else:
+            log.info("This node's lease rounds reach a quorum quickly again: it takes slots again.")
 
     def _note(self, changes: list[SlotChange]) -> None:
         for change in changes:

@@ -6,6 +6,7 @@ by one."""
 
 from __future__ import annotations
 
+import heapq
 import random
 
 import pytest
@@ -18,6 +19,7 @@ from sluicegate.cluster.ownership import (
     ColdStart,
     ColdStarted,
     Gained,
+    Message,
     Ownership,
     Prepare,
     Promise,
@@ -247,7 +249,7 @@ def test_a_new_life_heard_of_only_through_gossip_is_named_for_no_slot_until_it_i
     core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.0)
     assert not any(core.owner_of(s) == "n2" for s in range(SLOTS))
     assert {core.owner_of(s) for s in n2_slots} <= {"n1", "n3"}
-    core.receive("n2", Renew(1, 5, [], []), 1.1)  # only a ready life renews
+    core.receive("n2", Renew(1, 5, [], [], False), 1.1)  # only a ready life renews
     assert [s for s in range(SLOTS) if core.owner_of(s) == "n2"] == n2_slots
     core.members_changed({"n1": 1, "n3": 1}, voters, 1.2)  # n2 counted down...
     core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.3)  # ... and back, that life
@@ -259,7 +261,7 @@ def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
     core.outbox()
     core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 0.1)
-    core.receive("n2", Renew(1, 5, [3], [1]), 0.1)
+    core.receive("n2", Renew(1, 5, [3], [1], False), 0.1)
     core.receive("n2", Accept(3, Ballot(5, 1, "n2"), 1, True, [], []), 0.1)
     assert [m for _, m in core.outbox() if not isinstance(m, Recover)] == []
     core.receive("n2", Recover(9), 0.1)
@@ -409,7 +411,7 @@ def test_an_acceptor_refuses_a_ballot_while_it_leases_the_slot_to_another_member
     ((_, refusal),) = core.outbox()
     assert isinstance(refusal, Refuse) and refusal.lease_left == pytest.approx(0.5)
     # The lessee renews and hears who asked; once it resigns, the other gets the slot at once.
-    core.receive("n2", Renew(1, 5, [3], [1]), 1.6)
+    core.receive("n2", Renew(1, 5, [3], [1], False), 1.6)
     ((_, renewed),) = core.outbox()
     assert renewed == Renewed(1, [3], [], [], [3], ["n3"])
     core.receive("n2", Resign(3, Ballot(5, 1, "n2")), 1.7)
@@ -549,7 +551,7 @@ def test_the_member_next_in_the_ring_hears_an_owner_whose_renewals_its_acceptor_
         now = round(now + 0.05, 6)
         if now >= round_ * 0.25:
             round_ += 1
-            n2.receive("n1", Renew(round_, 5, [slot], [1]), now)
+            n2.receive("n1", Renew(round_, 5, [slot], [1], False), now)
         exchange(cores, now)
     assert slot not in n2.leases.owned
 
@@ -573,7 +575,7 @@ def owner_n1_heard_at_n2_until(cores: dict[str, Ownership], slot: int, now: floa
     run_until(cores, now)
     n2.receive("n1", Prepare(slot, ballot), now)
     n2.receive("n1", Accept(slot, ballot, 1, True, [], []), now)
-    n2.receive("n1", Renew(1, 5, [slot], [1]), now)
+    n2.receive("n1", Renew(1, 5, [slot], [1], False), now)
     return ballot
 
 
@@ -672,6 +674,48 @@ def five_acting() -> dict[str, Ownership]:
     return cores
 
 
+def run_with_delays(
+    cores: dict[str, Ownership], now: float, end: float, delay: dict[str, float]
+) -> None:
+    """As `run_until_from`, but a message to or from member m takes `delay[m]` (the larger of
+    the two ends') to arrive."""
+    due: list[tuple[float, int, str, str, Message]] = []
+    sequence = 0
+    while now < end:
+        now = round(now + 0.01, 6)
+        for core in cores.values():
+            core.tick(now)
+        while True:
+            for core in cores.values():
+                for to, message in core.outbox():
+                    late = max(delay.get(core.me, 0.0), delay.get(to, 0.0))
+                    sequence += 1
+                    heapq.heappush(due, (round(now + late, 6), sequence, core.me, to, message))
+            if not due or due[0][0] > now:
+                break
+            while due and due[0][0] <= now:
+                _, _, sender, to, message = heapq.heappop(due)
+                if to in cores:
+                    cores[to].receive(sender, message, now)
+
+
+def test_a_member_whose_rounds_reach_a_quorum_slowly_hands_its_slots_on_until_they_are_fast():
+    """Five-node seed 307983845: n2, behind links of 0.55 s each way, was next in the ring after
+    a home that crashed, and took its slot 3.5 s later (a refused prepare, a prepare and a
+    write), after a client's lease had run out."""
+    cores = five_acting()
+    n1 = cores["n1"]
+    slots_of_n1 = set(n1.placement.mine)
+    assert slots_of_n1 and not n1.slow
+    run_with_delays(cores, 0.5, 3.0, {"n1": 0.2})  # a quorum round trip of 0.4 s: slow
+    assert n1.slow and all(core.placement.slow == {"n1"} for core in cores.values())
+    assert not n1.acting_slots(3.0) and "n1" not in n1.placement.ring_owners
+    assert all(any(c.acting(slot, 3.0) for c in cores.values()) for slot in slots_of_n1)
+    run_with_delays(cores, 3.0, 5.0, {"n1": 0.01})
+    assert not n1.slow and all(not core.placement.slow for core in cores.values())
+    assert set(n1.acting_slots(5.0)) == slots_of_n1
+
+
 def test_an_owner_whose_lease_ran_out_resigns_it_and_asks_again_once_a_quorum_is_heard():
     """Five-node seeds 733965563 and 307983834. n1 is cut from the others: its lease runs out,
     its `Resign` ends the lease where it is still heard, and it asks again a lease later, not at
@@ -690,9 +734,9 @@ def test_an_owner_whose_lease_ran_out_resigns_it_and_asks_again_once_a_quorum_is
     ran_out = now
     assert resigned == [Resign(slot, ballot)] * 4
     assert n1.leases.retry_at[slot] >= ran_out + 1.0
-    n1.receive("n2", Renew(99, 5, [], []), ran_out + 0.1)  # two of five: not a quorum
+    n1.receive("n2", Renew(99, 5, [], [], False), ran_out + 0.1)  # two of five: not a quorum
     assert n1.leases.retry_at[slot] >= ran_out + 1.0
-    n1.receive("n3", Renew(99, 5, [], []), ran_out + 0.2)
+    n1.receive("n3", Renew(99, 5, [], [], False), ran_out + 0.2)
     assert n1.leases.retry_at[slot] == ran_out + 0.2
     assert ran_out + 0.2 >= n1.next_deadline()
 

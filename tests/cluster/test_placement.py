@@ -63,3 +63,24 @@ def test_named_next_after_the_owner_again_once_another_owned_the_slot_a_member_i
     placement.members_changed({"n1": 1, "n2": 1, "n3": 1}, VOTERS, ready=True)
     _, newly_seconded = placement.designate(ready=True)
     assert joined in newly_seconded
+
+
+def test_the_ring_leaves_out_slow_members_while_others_remain():
+    placement, _, _ = seen_by_n2({"n1": 1, "n2": 1, "n3": 1})
+    assert placement.paced("n1", True) and not placement.paced("n1", True)
+    placement.designate(ready=True)
+    assert "n1" not in placement.ring_owners and placement.ring_owners.count("n2") > 0
+    placement.paced("n2", True)
+    placement.paced("n3", True)
+    placement.designate(ready=True)  # all slow: named all the same
+    assert set(placement.ring_owners) == {"n1", "n2", "n3"}
+
+
+def test_a_new_life_of_a_slow_member_is_not_slow_until_it_says_so():
+    placement, _, _ = seen_by_n2({"n1": 1, "n2": 1, "n3": 1})
+    placement.paced("n1", True)
+    placement.paced("n2", True)
+    placement.members_changed({"n1": 1, "n2": 1, "n3": 1}, VOTERS, ready=True)
+    assert placement.slow == {"n1", "n2"}
+    placement.members_changed({"n1": 2, "n2": 1, "n3": 1}, VOTERS, ready=True)
+    assert placement.slow == {"n2"}

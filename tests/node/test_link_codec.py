@@ -41,7 +41,7 @@ def test_every_ownership_message_crosses_a_node_link():
         Prepare(3, ballot),
         Promise(3, ballot, NO_BALLOT, 0, [record(5), semaphore, holder, waiter]),
         Refuse(3, ballot, ballot, 0.25),
-        Renew(4, ballot.era, [1, 2], [7, 8]),
+        Renew(4, ballot.era, [1, 2], [7, 8], False),
         Renewed(4, [1], [2], [ballot], [1], ["n3"]),
         Resign(3, ballot),
         Accept(3, ballot, 2, False, [record(5), waiter], [6, "s:B", holder.key]),

@@ -20,9 +20,7 @@ REPLAYED = 5
 # Seeds that fail, found by the simulations and not fixed yet. The sweep and the regression
 # replay must fail exactly these: a new failure, or a fix, shows; a seed that fails goes here,
 # diagnosed in simulations/regressions*.txt, until it is fixed.
-OPEN: set[int] = {
-    307983845,  # a takeover by a member behind slow links outlasts the lease (regressions-deep)
-}
+OPEN: set[int] = set()
 
 
 EXTRA_KINDS = ("--seed", "18", "--with", "skew,freeze", "--availability", "--trace", "--hashes")
