@@ -10,6 +10,7 @@ malformed frame from another node is a `WireError`, never a crash or a half-buil
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -36,47 +37,35 @@ class Codec:
             cls: [(f.name, typing.get_type_hints(cls)[f.name]) for f in dataclasses.fields(cls)]
             for cls in self._tags
         }
-        # Per class, each field's name, where a decoding error is said to be, and its check
-        # (made once from the type hint: decoding runs on every frame of every link).
-        self._checks: dict[type, list[tuple[str, str, Check]]] = {
-            cls: [
-                (name, f"{cls.__name__}.{name}", self._compile(hint))
-                for name, hint in self._fields[cls]
-            ]
+        # Per class, where a decoding error is said to be for each field, and its check (made
+        # once from the type hint: decoding runs on every frame of every link).
+        self._checks: dict[type, tuple[tuple[str, ...], tuple[Check, ...]]] = {
+            cls: (
+                tuple(f"{cls.__name__}.{name}" for name, _ in self._fields[cls]),
+                tuple(self._compile(hint) for _, hint in self._fields[cls]),
+            )
             for cls in self._tags
+        }
+        self._values = {
+            cls: _values_of([name for name, _ in fields]) for cls, fields in self._fields.items()
         }
 
     # -- encoding ---------------------------------------------------------------------------
 
     def encode(self, messages: Iterable[object]) -> bytes:
-        frame = msgpack.packb([self._to_wire(m) for m in messages], use_bin_type=True)
+        # msgpack packs what it knows itself, and asks `_to_wire` for each message.
+        frame = msgpack.packb(list(messages), use_bin_type=True, default=self._to_wire)
         if len(frame) > MAX_FRAME:
             raise WireError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
         return frame
 
-    def _to_wire(self, message: object) -> list:
+    def _to_wire(self, message: object) -> list | dict:
         tag = self._tags.get(type(message))
-        if tag is None:
-            raise TypeError(f"not a registered message: {message!r}")
-        return [
-            tag,
-            *(
-                self._value_to_wire(getattr(message, name))
-                for name, _ in self._fields[type(message)]
-            ),
-        ]
-
-    def _value_to_wire(self, value: object) -> object:
-        kind = type(value)
-        if kind is int or kind is str or kind is float or value is None or kind is bool:
-            return value
-        if kind in self._tags:
-            return self._to_wire(value)
-        if isinstance(value, tuple | list):
-            return [self._value_to_wire(v) for v in value]
-        if isinstance(value, Mapping):
-            return dict(value)
-        return value
+        if tag is not None:
+            return [tag, *self._values[type(message)](message)]
+        if isinstance(message, Mapping):
+            return dict(message)
+        raise TypeError(f"not a registered message: {message!r}")
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -99,26 +88,35 @@ class Codec:
             raise WireError(f"{where}: unknown message tag {item[0]}")
         if expected is not None and cls is not expected:
             raise WireError(f"{where}: expected {expected.__name__}, got {cls.__name__}")
-        checks = self._checks[cls]
+        wheres, checks = self._checks[cls]
         if len(item) - 1 != len(checks):
             raise WireError(
                 f"{where}: {cls.__name__} takes {len(checks)} fields, got {len(item) - 1}"
             )
-        return cls(
-            **{
-                name: check(value, field)
-                for (name, field, check), value in zip(checks, item[1:], strict=True)
-            }
-        )
+        return cls(*map(_apply, checks, item[1:], wheres))
 
     def _compile(self, hint: object) -> Check:
         """A check of a decoded value against `hint`: the value as the message holds it, or a
         `WireError` saying where and what is wrong."""
         origin = typing.get_origin(hint)
         if origin in (typing.Union, types.UnionType):
-            options = [self._compile(option) for option in typing.get_args(hint)]
+            args = typing.get_args(hint)
+            options = [self._compile(option) for option in args]
+            # The options tried first, without an error raised for each that does not fit: a
+            # scalar of one of the types named, and a message by its tag.
+            scalars = tuple(a for a in args if a in (type(None), bool, int, str, bytes))
+            tagged = {self._tags[a]: a for a in args if a in self._tags}
 
             def union(value: object, where: str) -> object:
+                if type(value) in scalars:
+                    return value
+                if tagged and type(value) is list and value and type(value[0]) is int:
+                    cls = tagged.get(value[0])
+                    if cls is not None:
+                        try:
+                            return self._from_wire(value, where, expected=cls)
+                        except WireError:
+                            pass
                 for option in options:
                     try:
                         return option(value, where)
@@ -176,6 +174,20 @@ class Codec:
 
             return mapping
         raise TypeError(f"unsupported type hint {hint!r}")
+
+
+def _values_of(names: list[str]) -> typing.Callable[[object], tuple]:
+    """A message's field values in order, as a tuple."""
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    if names:
+        [name] = names
+        return lambda message: (getattr(message, name),)
+    return lambda message: ()
+
+
+def _apply(check: Check, value: object, where: str) -> object:
+    return check(value, where)
 
 
 def _mismatch(hint: object, value: object, where: str) -> WireError:
