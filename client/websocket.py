@@ -119,22 +119,37 @@ def accept_handshake(head: bytes, accept: bytes) -> None:
         raise HandshakeRefused("the server's Sec-WebSocket-Accept is wrong")
 
 
-def frame(opcode: int, payload: bytes, mask: bytes) -> bytes:
-    """One final frame from the client: masked with `mask` (4 bytes), as RFC 6455 requires."""
+def frame(opcode: int, payload: bytes, mask: bytes | None) -> bytes:
+    """One final frame: from a client masked with `mask` (4 bytes), as RFC 6455 requires; from
+    a server (`mask` None) not."""
     n = len(payload)
+    bit = 0x80 if mask is not None else 0
     if n < 126:
-        header = bytes((0x80 | opcode, 0x80 | n))
+        header = bytes((0x80 | opcode, bit | n))
     elif n < 65536:
-        header = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+        header = bytes((0x80 | opcode, bit | 126)) + n.to_bytes(2, "big")
     else:
-        header = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+        header = bytes((0x80 | opcode, bit | 127)) + n.to_bytes(8, "big")
+    if mask is None:
+        return header + payload
+    return header + mask + _masked(payload, mask)
+
+
+def _masked(payload: bytes, mask: bytes) -> bytes:
+    """`payload` XORed with `mask` repeated (masking and unmasking alike)."""
+    n = len(payload)
     key = int.from_bytes(mask * (n // 4) + mask[: n % 4], "big")
-    return header + mask + (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
+    return (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TextMessage:
+    data: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +166,21 @@ class Close:
 class FrameReader:
     """Bytes from the server in (`feed`), events out (`next_event`): `Message`, `Ping`, `Close`;
     None while a frame is incomplete. Pongs are dropped. `ProtocolError` on a frame the server
-    must not send (masked, reserved bits, text, a bad control frame, a message too big)."""
+    must not send (masked, reserved bits, text, a bad control frame, a message too big).
 
-    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+    `from_client`: the node's end, reading a client's frames, which must be masked, and may
+    carry text (`TextMessage`, which the node refuses itself where it takes only binary)."""
+
+    def __init__(self, max_message: int = MAX_MESSAGE, *, from_client: bool = False) -> None:
         self._buffer = bytearray()
         self._start = 0
         self._parts: list[bytes] = []
         self._size = 0
         self._max_message = max_message
+        self._from_client = from_client
+        self._mask_bit = 0x80 if from_client else 0
+        # The opcode of the message whose fragments are coming (BINARY or TEXT), if any.
+        self._opcode: int | None = None
 
     def feed(self, data: bytes) -> None:
         if self._start:
@@ -166,7 +188,7 @@ class FrameReader:
             self._start = 0
         self._buffer += data
 
-    def next_event(self) -> Message | Ping | Close | None:
+    def next_event(self) -> Message | TextMessage | Ping | Close | None:
         while True:
             buffer, start = self._buffer, self._start
             if len(buffer) - start < 2:
@@ -185,43 +207,66 @@ class FrameReader:
                 length, offset = int.from_bytes(buffer[offset : offset + 8], "big"), offset + 8
                 if length < 65536 or length >> 63:
                     raise ProtocolError(CLOSE_PROTOCOL_ERROR, "a length not in its shortest form")
-            if first & 0x70 or second & 0x80:
-                raise ProtocolError(CLOSE_PROTOCOL_ERROR, "reserved bits or a masked frame")
+            if first & 0x70 or second & 0x80 != self._mask_bit:
+                raise ProtocolError(
+                    CLOSE_PROTOCOL_ERROR,
+                    "reserved bits or an unmasked frame"
+                    if self._from_client
+                    else "reserved bits or a masked frame",
+                )
             opcode, final = first & 0x0F, first & 0x80
             if opcode >= CLOSE and (length > 125 or not final):
                 raise ProtocolError(CLOSE_PROTOCOL_ERROR, "a control frame too long or in parts")
             if opcode < CLOSE and self._size + length > self._max_message:
                 raise ProtocolError(CLOSE_TOO_BIG, f"a message over {self._max_message} bytes")
-            if len(buffer) < offset + length:
-                return None
-            payload = bytes(buffer[offset : offset + length])
+            if self._from_client:
+                if len(buffer) < offset + 4 + length:
+                    return None
+                mask, offset = bytes(buffer[offset : offset + 4]), offset + 4
+                payload = _masked(bytes(buffer[offset : offset + length]), mask)
+            else:
+                if len(buffer) < offset + length:
+                    return None
+                payload = bytes(buffer[offset : offset + length])
             self._start = offset + length
             event = self._take(opcode, bool(final), payload)
             if event is not None:
                 return event
 
-    def _take(self, opcode: int, final: bool, payload: bytes) -> Message | Ping | Close | None:
-        if opcode == BINARY or opcode == CONTINUATION:
-            if (opcode == BINARY) == bool(self._parts):
+    def _take(
+        self, opcode: int, final: bool, payload: bytes
+    ) -> Message | TextMessage | Ping | Close | None:
+        if opcode == TEXT and not self._from_client:
+            raise ProtocolError(CLOSE_UNSUPPORTED, "binary messages only")
+        if opcode == BINARY or opcode == TEXT or opcode == CONTINUATION:
+            if (opcode == CONTINUATION) != (self._opcode is not None):
                 raise ProtocolError(CLOSE_PROTOCOL_ERROR, "a message fragment out of order")
-            if final and not self._parts:
-                return Message(payload)
+            if final and self._opcode is None:
+                return _message(opcode, payload)
+            self._opcode = self._opcode or opcode
             self._parts.append(payload)
             self._size += len(payload)
             if not final:
                 return None
             data = b"".join(self._parts)
-            self._parts, self._size = [], 0
-            return Message(data)
+            opcode, self._opcode, self._parts, self._size = self._opcode, None, [], 0
+            return _message(opcode, data)
         if opcode == PING:
             return Ping(payload)
         if opcode == PONG:
             return None
         if opcode == CLOSE:
             return _close(payload)
-        if opcode == TEXT:
-            raise ProtocolError(CLOSE_UNSUPPORTED, "binary messages only")
         raise ProtocolError(CLOSE_PROTOCOL_ERROR, f"unknown opcode {opcode}")
+
+
+def _message(opcode: int, data: bytes) -> Message | TextMessage:
+    if opcode == BINARY:
+        return Message(data)
+    try:
+        return TextMessage(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ProtocolError(CLOSE_INVALID_DATA, "a text message that is not UTF-8") from None
 
 
 def _close(payload: bytes) -> Close:

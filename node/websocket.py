@@ -1,4 +1,4 @@
-"""A WebSocket over a trio stream, driven by wsproto in the tasks that use it.
+"""A WebSocket over a trio stream, framed in the tasks that use it.
 
 trio-websocket runs a reader task per connection that hands each message to the reader through
 a memory channel: two task switches and a channel per message received, and a lock per message
@@ -9,149 +9,158 @@ close. The interface is trio-websocket's (`send_message`, `get_message`, `aclose
 `ConnectionClosed` with its `CloseReason`), so the links and the `/ws` shell are written
 against one kind of connection, whichever serves it (`node/asgi_websocket.py` is the other).
 
+The frames and the client's side of the opening handshake are our client's sans-IO framing
+(`sluicegate.client.websocket`), which reads a small frame in a seventh of wsproto's time and
+writes one in a third (bench/websocket_framing.py), held to wsproto's behaviour by
+tests/client/test_websocket_conformance.py; the server's side reads the request with h11.
+
 `dial` opens one to another node; `accept_handshake` takes one that a client opened.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
 import ssl
-from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
+import h11
 import trio
 from trio_websocket import CloseReason, ConnectionClosed, ConnectionRejected, HandshakeError
-from wsproto import ConnectionType, WSConnection
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Event,
+
+from sluicegate.client.websocket import (
+    BINARY,
+    CLOSE,
+    MAX_HANDSHAKE,
+    PONG,
+    TEXT,
+    Close,
+    FrameReader,
+    HandshakeRefused,
+    Message,
     Ping,
-    RejectConnection,
-    RejectData,
-    Request,
+    ProtocolError,
     TextMessage,
+    frame,
+    handshake_request,
 )
-from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+from sluicegate.client.websocket import (
+    accept_handshake as check_answer,
+)
 
 # Bytes read from the socket at a time: frames of up to a MiB want big reads.
 RECEIVE_BYTES = 65536
-# Close codes (RFC 6455): no close frame came, and a message over the size allowed.
+# Close codes (RFC 6455): none was given, and no close frame came.
+NO_STATUS = 1005
 ABNORMAL = 1006
-TOO_BIG = 1009
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 H = TypeVar("H")
 
 
 class WebSocket:
-    """An open WebSocket; `max_message` bounds a message received, in bytes."""
+    """An open WebSocket: `reader` has what arrived so far; `client`, the end that dialled
+    (its frames are masked)."""
 
-    def __init__(self, stream: trio.abc.Stream, ws: WSConnection, max_message: int) -> None:
+    def __init__(self, stream: trio.abc.Stream, reader: FrameReader, client: bool) -> None:
         self._stream = stream
-        self._ws = ws
-        self._max_message = max_message
+        self._reader = reader
+        self._client = client
         self._send_lock = trio.Lock()
-        self._messages: deque[bytes | str] = deque()
-        # The message being received, in parts, and its size so far.
-        self._parts: list[Any] = []
-        self._size = 0
         self.closed: CloseReason | None = None
 
     async def send_message(self, message: bytes | str) -> None:
-        if self.closed is not None:
-            raise ConnectionClosed(self.closed)
-        event = BytesMessage(message) if isinstance(message, bytes) else TextMessage(message)
-        try:
-            await self._send(event)
-        except LocalProtocolError:  # closed while this waited for its turn to send
-            raise ConnectionClosed(self.closed or CloseReason(ABNORMAL, None)) from None
+        if isinstance(message, bytes):
+            await self._send(BINARY, message)
+        else:
+            await self._send(TEXT, message.encode())
 
     async def get_message(self) -> bytes | str:
         """The next message; `ConnectionClosed` once none is left and the connection closed."""
-        while not self._messages:
-            if self.closed is not None:
-                raise ConnectionClosed(self.closed)
+        while True:
             try:
-                data = await _receive(self._stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
-            if not data:
-                self._lost()
-                continue
-            self._ws.receive_data(data)
-            await self._take(self._ws.events())
-        return self._messages.popleft()
+                event = self._reader.next_event()
+            except ProtocolError as error:
+                await self.aclose(error.code, error.reason)
+                raise ConnectionClosed(self.closed) from None
+            if isinstance(event, Message | TextMessage):
+                return event.data
+            if isinstance(event, Ping):
+                await self._send_control(PONG, event.payload)
+            elif isinstance(event, Close):
+                await self._closed_by_the_other_end(event)
+                raise ConnectionClosed(self.closed)  # nothing after a close counts
+            elif self.closed is not None:
+                raise ConnectionClosed(self.closed)
+            else:
+                try:
+                    data = await _receive(self._stream)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+                if data:
+                    self._reader.feed(data)
+                elif self.closed is None:
+                    self.closed = CloseReason(ABNORMAL, "the connection was lost")
 
     async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
         """Send a close frame (unless the connection closed already) and close the stream."""
         try:
             if self.closed is None:
                 self.closed = CloseReason(code, reason)
-                await self._send(CloseConnection(code, reason or ""))
+                await self._send_frame(CLOSE, _close_body(code, reason or ""))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
             await self._stream.aclose()
 
-    async def _take(self, events: Iterable[Event]) -> None:
-        """Messages to `_messages`; pings and closes answered (a coroutine per read, not per
-        message: data needs no waiting)."""
-        for event in events:
-            if self.closed is not None:
-                return
-            if isinstance(event, BytesMessage | TextMessage):
-                if not self._add(event):
-                    await self.aclose(TOO_BIG, f"a message over {self._max_message} bytes")
-            elif isinstance(event, Ping):
-                await self._send_control(event.response())
-            elif isinstance(event, CloseConnection):
-                self.closed = CloseReason(event.code, event.reason or None)
-                await self._send_control(event.response())
-                await self._stream.aclose()
+    async def _closed_by_the_other_end(self, close: Close) -> None:
+        if self.closed is None:
+            self.closed = CloseReason(close.code, close.reason or None)
+            body = b"" if close.code == NO_STATUS else _close_body(close.code, close.reason)
+            await self._send_control(CLOSE, body)
+        await self._stream.aclose()
 
-    def _add(self, part: BytesMessage | TextMessage) -> bool:
-        """Add a part of a message; False if the message grew past `max_message`."""
-        self._size += len(part.data)
-        if self._size > self._max_message:
-            return False
-        self._parts.append(part.data)
-        if part.message_finished:
-            parts, self._parts, self._size = self._parts, [], 0
-            joiner = b"" if isinstance(part, BytesMessage) else ""
-            self._messages.append(parts[0] if len(parts) == 1 else joiner.join(parts))
-        return True
+    async def _send(self, opcode: int, payload: bytes) -> None:
+        if self.closed is not None:
+            raise ConnectionClosed(self.closed)
+        try:
+            await self._send_frame(opcode, payload)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            if self.closed is None:
+                self.closed = CloseReason(ABNORMAL, "the connection was lost")
+            raise ConnectionClosed(self.closed) from None
 
-    async def _send(self, event: Event) -> None:
-        async with self._send_lock:
-            await self._stream.send_all(self._ws.send(event))
-
-    async def _send_control(self, event: Event) -> None:
+    async def _send_control(self, opcode: int, payload: bytes) -> None:
         """A pong or a close answered: the other end may have gone already."""
         try:
-            await self._send(event)
+            await self._send_frame(opcode, payload)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            self._lost()
+            if self.closed is None:
+                self.closed = CloseReason(ABNORMAL, "the connection was lost")
 
-    def _lost(self) -> None:
-        if self.closed is None:
-            self.closed = CloseReason(ABNORMAL, "the connection was lost")
+    async def _send_frame(self, opcode: int, payload: bytes) -> None:
+        data = frame(opcode, payload, os.urandom(4) if self._client else None)
+        # The usual case, nobody else sending, without a trip through the scheduler.
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
+            await self._stream.send_all(data)
+        finally:
+            self._send_lock.release()
+
+
+def _close_body(code: int, reason: str) -> bytes:
+    return code.to_bytes(2, "big") + reason.encode()[:123]
 
 
 async def _receive(stream: trio.abc.Stream) -> bytes:
     data = await stream.receive_some(RECEIVE_BYTES)
     return data if isinstance(data, bytes) else bytes(data)
-
-
-async def _handshake_events(stream: trio.abc.Stream, ws: WSConnection) -> list[Event]:
-    """What the next bytes of an opening handshake make of it; wsproto's `RemoteProtocolError`
-    if they are no handshake."""
-    data = await _receive(stream)
-    if not data:
-        raise trio.BrokenResourceError("closed during the WebSocket handshake")
-    ws.receive_data(data)
-    return list(ws.events())
 
 
 async def dial(
@@ -172,23 +181,44 @@ async def dial(
             host, port, ssl_context=context, https_compatible=True
         )
     try:
-        ws = WSConnection(ConnectionType.CLIENT)
-        await stream.send_all(ws.send(Request(host=address, target=path)))
-        while True:
-            try:
-                events = await _handshake_events(stream, ws)
-            except RemoteProtocolError as error:
-                raise HandshakeError(f"{address} answered no WebSocket: {error}") from None
-            for index, event in enumerate(events):
-                if isinstance(event, AcceptConnection):
-                    websocket = WebSocket(stream, ws, max_message)
-                    await websocket._take(events[index + 1 :])
-                    return websocket
-                if isinstance(event, RejectConnection):
-                    raise ConnectionRejected(event.status_code, tuple(event.headers), None)
+        request, accept = handshake_request(address, path)
+        await stream.send_all(request)
+        head, rest = await _answer_head(stream, address)
+        status = _status(head, address)
+        if status != 101:
+            raise ConnectionRejected(status, (), None)
+        try:
+            check_answer(head, accept)
+        except HandshakeRefused as error:
+            raise HandshakeError(f"{address} answered no WebSocket: {error}") from None
+        reader = FrameReader(max_message)
+        reader.feed(rest)
+        return WebSocket(stream, reader, client=True)
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise
+
+
+async def _answer_head(stream: trio.abc.Stream, address: str) -> tuple[bytes, bytes]:
+    """The server's answer up to its blank line, and what came after it."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        if len(received) > MAX_HANDSHAKE:
+            raise HandshakeError(f"{address} answered the handshake at too great a length")
+        data = await _receive(stream)
+        if not data:
+            raise trio.BrokenResourceError("closed during the WebSocket handshake")
+        received += data
+    head, _, rest = received.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _status(head: bytes, address: str) -> int:
+    version, _, rest = head.partition(b"\r\n")[0].partition(b" ")
+    code = rest[:3]
+    if not version.startswith(b"HTTP/1.") or not code.isdigit() or len(code) != 3:
+        raise HandshakeError(f"{address} answered no WebSocket: no HTTP status line")
+    return int(code)
 
 
 async def accept_handshake(
@@ -197,22 +227,65 @@ async def accept_handshake(
     """Read a client's opening handshake from `stream`, and accept it if `route` gives
     something for its target (path and query): that, and the WebSocket. Else it is answered 403,
     and None returned. Raises `trio.BrokenResourceError` if the client goes before it asked, or
-    asks for something else than a WebSocket (answered 400 where wsproto says why)."""
-    ws = WSConnection(ConnectionType.SERVER)
+    asks for something else than a WebSocket (answered 400, saying why)."""
+    http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HANDSHAKE)
+    try:
+        request = await _request(stream, http)
+        problem = _not_an_upgrade(request)
+    except h11.RemoteProtocolError as error:
+        request, problem = None, f"not HTTP: {error}"
+    if request is None or problem:
+        await stream.send_all(_refusal(400, problem or "no request"))
+        raise trio.BrokenResourceError(f"not a WebSocket handshake: {problem}")
+    handler = route(request.target.decode("latin-1"))
+    if handler is None:
+        await stream.send_all(_refusal(403, "no such WebSocket route"))
+        return None
+    key = dict(request.headers)[b"sec-websocket-key"]
+    accept = base64.b64encode(hashlib.sha1(key + _GUID).digest())
+    await stream.send_all(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+    )
+    reader = FrameReader(max_message, from_client=True)
+    reader.feed(http.trailing_data[0])
+    return handler, WebSocket(stream, reader, client=False)
+
+
+async def _request(stream: trio.abc.Stream, http: h11.Connection) -> h11.Request:
     while True:
-        try:
-            events = await _handshake_events(stream, ws)
-        except RemoteProtocolError as error:
-            if error.event_hint is not None:  # a 400 that says what was wrong
-                await stream.send_all(ws.send(error.event_hint))
-            raise trio.BrokenResourceError(f"not a WebSocket handshake: {error}") from None
-        for event in events:
-            if isinstance(event, Request):
-                handler = route(event.target)
-                if handler is None:
-                    reject = RejectConnection(status_code=403, has_body=True)
-                    body = RejectData(b"no such WebSocket route", body_finished=True)
-                    await stream.send_all(ws.send(reject) + ws.send(body))
-                    return None
-                await stream.send_all(ws.send(AcceptConnection()))
-                return handler, WebSocket(stream, ws, max_message)
+        event = http.next_event()
+        if isinstance(event, h11.Request):
+            return event
+        if event is not h11.NEED_DATA:
+            raise trio.BrokenResourceError("closed during the WebSocket handshake")
+        data = await _receive(stream)
+        if not data:
+            raise trio.BrokenResourceError("closed during the WebSocket handshake")
+        http.receive_data(data)
+
+
+def _not_an_upgrade(request: h11.Request) -> str | None:
+    """Why `request` is no WebSocket opening handshake (RFC 6455 4.2.1), if it is not."""
+    headers = {name: value for name, value in request.headers}
+    connection = {token.strip().lower() for token in headers.get(b"connection", b"").split(b",")}
+    if request.method != b"GET":
+        return "the method must be GET"
+    if b"upgrade" not in connection:
+        return "no Connection: Upgrade"
+    if headers.get(b"upgrade", b"").lower() != b"websocket":
+        return "no Upgrade: websocket"
+    if headers.get(b"sec-websocket-version") != b"13":
+        return "no Sec-WebSocket-Version: 13"
+    if b"sec-websocket-key" not in headers:
+        return "no Sec-WebSocket-Key"
+    return None
+
+
+def _refusal(status: int, why: str) -> bytes:
+    body = why.encode()
+    reason = {400: b"Bad Request", 403: b"Forbidden"}[status]
+    return (
+        b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (status, reason, len(body), body)
+    )
