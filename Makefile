@@ -74,6 +74,7 @@ bench: $(INSTALLED) redis etcd zookeeper
 	$(BIN)/python bench/gossip_overshoot.py
 	$(BIN)/python bench/abuse.py
 	$(BIN)/python bench/websocket_framing.py
+	$(BIN)/python bench/link_codec.py
 	$(BIN)/python bench/cold_start.py
 	$(BIN)/python bench/cluster_of_one.py
 	$(BIN)/python bench/cluster_vs_peers.py
