@@ -180,6 +180,14 @@ async def dial(
         stream = await trio.open_ssl_over_tcp_stream(
             host, port, ssl_context=context, https_compatible=True
         )
+    return await handshake(stream, address, path, max_message)
+
+
+async def handshake(
+    stream: trio.abc.Stream, address: str, path: str, max_message: int
+) -> WebSocket:
+    """The client's side of the opening handshake over `stream` (closed if it fails), as
+    `dial` describes."""
     try:
         request, accept = handshake_request(address, path)
         await stream.send_all(request)

@@ -1,5 +1,6 @@
 """Real nodes in one process: the node as a process builds it (`node/assembly.py`'s `Node`, its
-`/ws` and `/cluster` routes), over the simulated network, under the virtual clock.
+`/ws` and `/cluster` routes on its own WebSocket, `node/websocket.py`), over the simulated
+network, under the virtual clock.
 
 What differs from a node process is only what the seams inject: links are dialled over
 `SimNetwork`, randomness comes from the run's seed, a life's generation and the fencing epoch
@@ -34,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import trio
-from trio_websocket import ConnectionClosed, wrap_client_stream, wrap_server_stream
+from trio_websocket import ConnectionClosed
 
 from sluicegate.cluster import lock_messages, ownership
 from sluicegate.cluster.membership import Gossip
@@ -45,7 +46,9 @@ from sluicegate.node.assembly import Node, Seams
 from sluicegate.node.config import NodeConfig
 from sluicegate.node.link_codec import LINK_CODEC
 from sluicegate.node.links import HANDSHAKE_TIMEOUT
+from sluicegate.node.listener import CLOSE_TIMEOUT
 from sluicegate.node.rate_limit_service import RateLimitService
+from sluicegate.node.websocket import accept_handshake, handshake
 from sluicegate.node.wire import MAX_FRAME
 
 from .clocks import SimClock, TimeOfDay
@@ -250,29 +253,33 @@ class SimNode:
     async def _dial(self, nursery: trio.Nursery, address: str):
         with self.clock.fail_after(HANDSHAKE_TIMEOUT):
             stream = await self._network.connect(self.node_id, address)
-            connection = await wrap_client_stream(
-                nursery, stream, address, "/cluster", max_message_size=MAX_FRAME
-            )
+            connection = await handshake(stream, address, "/cluster", MAX_FRAME)
             return _Link(connection, self._network)
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
-        """What the node's port does with a connection: a WebSocket handshake, then its route."""
+        """What the node's port does with a connection: the node's own WebSocket handshake
+        (node/websocket.py, as node/listener.py takes it), then its route."""
         NODE.set(self.node_id)  # (the task was started from the dialling side's)
-        async with trio.open_nursery() as nursery:
+
+        def route_of(target: str):
+            path = target.partition("?")[0]
+            route = self.app.websocket_route(path) if self.app and not self.crashed else None
+            return None if route is None else (path, route)
+
+        try:
+            accepted = await accept_handshake(stream, route_of, MAX_FRAME)
+            if accepted is None:
+                return
+            (path, route), websocket = accepted
             try:
-                request = await wrap_server_stream(nursery, stream, max_message_size=MAX_FRAME)
-                route = self.app.websocket_route(request.path) if self.app else None
-                if route is None or self.crashed:
-                    await request.reject(404)
-                    return
-                websocket = await request.accept()
-                if request.path == "/cluster":
-                    websocket = _Link(websocket, self._network)
-                await route(websocket)
-            except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+                await route(_Link(websocket, self._network) if path == "/cluster" else websocket)
             finally:
-                nursery.cancel_scope.cancel()
+                with self.clock.move_on_after(CLOSE_TIMEOUT):
+                    await websocket.aclose()
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
 
 
 class _Link:
