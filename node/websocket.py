@@ -158,8 +158,21 @@ def _close_body(code: int, reason: str) -> bytes:
     return code.to_bytes(2, "big") + reason.encode()[:123]
 
 
+async def _send_all(stream: trio.abc.Stream, data: bytes) -> None:
+    """A handshake's bytes sent; a stream closed under this end is broken (as in `_receive`)."""
+    try:
+        await stream.send_all(data)
+    except trio.ClosedResourceError:
+        raise trio.BrokenResourceError("the connection was closed") from None
+
+
 async def _receive(stream: trio.abc.Stream) -> bytes:
-    data = await stream.receive_some(RECEIVE_BYTES)
+    """What the stream has next; b"" once the other end closed it. A stream closed under this
+    end (a connection severed by its owner while a handshake waits) is broken too."""
+    try:
+        data = await stream.receive_some(RECEIVE_BYTES)
+    except trio.ClosedResourceError:
+        raise trio.BrokenResourceError("the connection was closed") from None
     return data if isinstance(data, bytes) else bytes(data)
 
 
@@ -190,7 +203,7 @@ async def handshake(
     `dial` describes."""
     try:
         request, accept = handshake_request(address, path)
-        await stream.send_all(request)
+        await _send_all(stream, request)
         head, rest = await _answer_head(stream, address)
         status = _status(head, address)
         if status != 101:
@@ -243,17 +256,18 @@ async def accept_handshake(
     except h11.RemoteProtocolError as error:
         request, problem = None, f"not HTTP: {error}"
     if request is None or problem:
-        await stream.send_all(_refusal(400, problem or "no request"))
+        await _send_all(stream, _refusal(400, problem or "no request"))
         raise trio.BrokenResourceError(f"not a WebSocket handshake: {problem}")
     handler = route(request.target.decode("latin-1"))
     if handler is None:
-        await stream.send_all(_refusal(403, "no such WebSocket route"))
+        await _send_all(stream, _refusal(403, "no such WebSocket route"))
         return None
     key = dict(request.headers)[b"sec-websocket-key"]
     accept = base64.b64encode(hashlib.sha1(key + _GUID).digest())
-    await stream.send_all(
+    await _send_all(
+        stream,
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+        b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n",
     )
     reader = FrameReader(max_message, from_client=True)
     reader.feed(http.trailing_data[0])
