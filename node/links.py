@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import random
 import ssl
 from collections import deque
@@ -243,9 +244,13 @@ class Link:
         self._carried = trio.Event()
         self._carried.set()
         self._remote_generation: int | None = None
-        # How many of the remote life's messages this node has received (and handed on).
+        # How many of the remote life's messages this node has received (and handed on), and
+        # when the send loop owes the other end a frame that says so (inf: it owes none). The
+        # receiving task moves the deadline of the send loop's wait (`_idle`) instead of waking
+        # it: the answer a received message causes usually carries the acknowledgement first.
         self._received = 0
-        self._acknowledged = True
+        self._ack_due = math.inf
+        self._idle: trio.CancelScope | None = None
         # When the other end last took a message (or the outbox last filled from empty);
         # None while there is nothing to deliver.
         self._waiting_since: float | None = None
@@ -340,7 +345,7 @@ class Link:
             # What the last connection sent may not have arrived: send everything not
             # acknowledged again, and tell the other end what arrived here.
             self._unsent = self._first
-            self._acknowledged = False
+            self._ack_due = -math.inf
             self._wake.set()
             try:
                 async with trio.open_nursery() as nursery:
@@ -360,16 +365,17 @@ class Link:
                     self._on_down(self.remote_id)
 
     async def _send_loop(self, conn: MessageConnection, stop: trio.CancelScope) -> None:
+        clock = self._clock
         try:
             while True:
-                await self._wake.wait()
+                if not self._wake.is_set() and self._ack_due > clock.now():
+                    with clock.move_on_at(self._ack_due) as self._idle:
+                        await self._wake.wait()
+                    self._idle = None
                 self._wake = trio.Event()
                 if self._unsent == self._first + len(self._outbox):
-                    if self._acknowledged:
+                    if self._ack_due > clock.now():
                         continue
-                    with self._clock.move_on_after(ACK_DELAY):
-                        await self._wake.wait()
-                    self._wake = trio.Event()
                 first = self._unsent
                 pending = list(islice(self._outbox, first - self._first, None))
                 batch = [
@@ -378,7 +384,7 @@ class Link:
                 ]
                 self.stale += sum(1 for message in batch if message is SKIPPED)
                 self._unsent = first + len(batch)
-                self._acknowledged = True
+                self._ack_due = math.inf
                 self._sending = True
                 try:
                     for frame in self._frames(first, batch):
@@ -432,8 +438,10 @@ class Link:
                 self._received += 1
             # Acknowledged once handed on: a frame that went out while they were being handed
             # on carried an older count, and the other end would take the link for stalled.
-            self._acknowledged = False
-            self._wake.set()
+            if self._ack_due == math.inf:
+                self._ack_due = self._clock.now() + ACK_DELAY
+                if self._idle is not None:
+                    self._clock.reschedule(self._idle, self._ack_due)
 
     def _acknowledge(self, received: int) -> None:
         """The other end has received the first `received` messages: forget them."""
