@@ -1,10 +1,12 @@
 """What a lock costs the cluster, counted in the simulator: one client acquires and releases one
 mutex, one cycle after the other, connected to the member that owns the mutex's slot or to
 another member, with the nodes at their `[cluster]` defaults. Per cycle: the messages nodes send
-each other, by kind; the link frames that carry them and their bytes; the quorum writes; and the
+each other, by kind; the link frames that carry them and their bytes; the quorum writes; the
 one-way network delays on the cycle's path (every byte takes `HOP` between any two places, so
-a cycle's virtual time over `HOP` counts them). What the members send anyway in as much time
-(gossip, lease rounds) is measured with no client and taken off.
+a cycle's virtual time over `HOP` counts them); and the trio task steps of the nodes and the
+client (each a trip through the scheduler, the part of a node's CPU that grows with the frames
+and not with the rules). What the members do anyway in as much time (gossip, lease rounds) is
+measured with no client and taken off.
 
     python -m simulations cost --nodes 3,5,7
 
@@ -57,6 +59,18 @@ class LinkCount:
         )
 
 
+class TaskSteps(trio.abc.Instrument):
+    """Counts the steps of every task in the run while `counting`."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.counting:
+            self.steps += 1
+
+
 @dataclass(frozen=True)
 class Cost:
     """A cycle's cost, per cycle, with the members' own traffic taken off."""
@@ -67,6 +81,7 @@ class Cost:
     frames: float
     bytes: float
     delays: float
+    steps: float
 
     @property
     def writes(self) -> float:
@@ -79,10 +94,11 @@ def measure(nodes: int, at_owner: bool) -> Cost:
     trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio._core._run._r.seed(0)
     clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(_measure, nodes, at_owner, clock=clock)
+    steps = TaskSteps()
+    return trio.run(_measure, nodes, at_owner, steps, clock=clock, instruments=[steps])
 
 
-async def _measure(nodes: int, at_owner: bool) -> Cost:
+async def _measure(nodes: int, at_owner: bool, steps: TaskSteps) -> Cost:
     network = SimNetwork()
     cluster = _Cluster(network, random.Random(0), CONFIG, History(), nodes)
     async with trio.open_nursery() as nursery:
@@ -94,7 +110,9 @@ async def _measure(nodes: int, at_owner: bool) -> Cost:
         mutex, node = _placed(cluster.ids, at_owner)
         idle = LinkCount()
         with count_link_frames(idle.add):
+            steps.counting, steps.steps = True, 0
             await trio.sleep(IDLE)
+            steps.counting, idle_steps = False, steps.steps
 
         async def open_websocket(url: str):
             return await network.open_websocket(CLIENT, url.split("//", 1)[1].split("/", 1)[0])
@@ -112,9 +130,11 @@ async def _measure(nodes: int, at_owner: bool) -> Cost:
             busy = LinkCount()
             started = trio.current_time()
             with count_link_frames(busy.add):
+                steps.counting, steps.steps = True, 0
                 for _ in range(CYCLES):
                     async with client.lock(mutex):
                         pass
+                steps.counting = False
             took = trio.current_time() - started
         nursery.cancel_scope.cancel()
     background = took / IDLE
@@ -129,6 +149,7 @@ async def _measure(nodes: int, at_owner: bool) -> Cost:
         frames=(busy.frames - background * idle.frames) / CYCLES,
         bytes=(busy.bytes - background * idle.bytes) / CYCLES,
         delays=took / CYCLES / HOP,
+        steps=(steps.steps - background * idle_steps) / CYCLES,
     )
 
 
@@ -149,13 +170,14 @@ def print_costs(sizes: list[int]) -> None:
     )
     print(
         f"  {'nodes':>5}  {'client at':<15} {'messages':>8} {'frames':>7} {'bytes':>7} "
-        f"{'writes':>6} {'one-way delays':>14}"
+        f"{'writes':>6} {'one-way delays':>14} {'task steps':>10}"
     )
     for cost in costs:
         where = "the owner" if cost.at_owner else "another member"
         print(
             f"  {cost.nodes:>5}  {where:<15} {sum(cost.messages.values()):>8.1f} "
-            f"{cost.frames:>7.1f} {cost.bytes:>7.0f} {cost.writes:>6.1f} {cost.delays:>14.1f}"
+            f"{cost.frames:>7.1f} {cost.bytes:>7.0f} {cost.writes:>6.1f} {cost.delays:>14.1f} "
+            f"{cost.steps:>10.1f}"
         )
     print("messages by kind, per cycle")
     kinds = sorted({kind for cost in costs for kind in cost.messages})

@@ -10,9 +10,10 @@ import re
 from tests.simulations.runs import Run, background
 
 cost = background("cost", Run(("--nodes", "3"), command="cost"))
-# Nodes, client at, messages, frames, bytes, writes, one-way delays.
+# Nodes, client at, messages, frames, bytes, writes, one-way delays, task steps.
 ROW = re.compile(
-    r"^ +(\d+)  (the owner|another member) +([\d.]+) +([\d.]+) +(\d+) +([\d.]+) +([\d.]+)$"
+    r"^ +(\d+)  (the owner|another member) +([\d.]+) +([\d.]+) +(\d+) +([\d.]+) +([\d.]+)"
+    r" +([\d.]+)$"
 )
 # At 815a5b4: three by the peer's home, two by the semaphore's owner (issue 39 is to lower it).
 MOST_WRITES = 5
