@@ -104,23 +104,11 @@ class Placement:
 
     def heard(self, sender: str, recovering: bool) -> bool:
         """`sender`'s life recovers (or is ready): did that change?"""
-        if (sender in self.recovering) == recovering:
-            return False
-        if recovering:
-            self.recovering.add(sender)
-        else:
-            self.recovering.discard(sender)
-        return True
+        return _mark(self.recovering, sender, recovering)
 
     def paced(self, member: str, slow: bool) -> bool:
         """`member`'s rounds are slow (or not): did that change?"""
-        if (member in self.slow) == slow:
-            return False
-        if slow:
-            self.slow.add(member)
-        else:
-            self.slow.discard(member)
-        return True
+        return _mark(self.slow, member, slow)
 
     def designate(self, ready: bool) -> tuple[list[int], list[int]]:
         """Name a live member for each slot, and the member next after it: the ring over those
@@ -178,3 +166,14 @@ class Placement:
         if lessee != self.me and lessee in self.live and now < until:
             return lessee
         return self.ring_owners[slot]
+
+
+def _mark(members: set[str], member: str, marked: bool) -> bool:
+    """Put `member` in `members`, or take it out: did that change?"""
+    if (member in members) == marked:
+        return False
+    if marked:
+        members.add(member)
+    else:
+        members.discard(member)
+    return True

@@ -91,29 +91,30 @@ cuts = st.lists(st.integers(0, 80_000), max_size=6)
 
 
 @st.composite
-def server_traffic(draw) -> bytes:
-    """What a server sends: messages (some in fragments), pings and pongs between them and
-    between a message's fragments (control frames may come there), perhaps a close at the end;
-    written by wsproto's server side."""
-    server = FrameProtocol(client=False, extensions=[])
+def traffic(draw, client: bool = False) -> bytes:
+    """What a server sends (or a client, masked, with text messages too): messages (some in
+    fragments), pings and pongs between them and between a message's fragments (control frames
+    may come there), perhaps a close at the end; written by wsproto's side of that end."""
+    end = FrameProtocol(client=client, extensions=[])
+    data_of = payloads | st.text(max_size=200) if client else payloads
     wire = bytearray()
     for _ in range(draw(st.integers(0, 5))):
-        data = draw(payloads)
+        data = draw(data_of)
         at = sorted(draw(st.lists(st.integers(0, len(data)), max_size=3)))
         parts = [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=False)]
         for number, part in enumerate(parts):
             if draw(st.booleans()):
                 control = draw(control_payloads)
-                wire += server.ping(control) if draw(st.booleans()) else server.pong(control)
-            wire += server.send_data(part, fin=number == len(parts) - 1)
+                wire += end.ping(control) if draw(st.booleans()) else end.pong(control)
+            wire += end.send_data(part, fin=number == len(parts) - 1)
     if draw(st.booleans()):
         code = draw(st.sampled_from([1000, 1001, 1002, 1003, 1007, 1008, 1011, 3000, 4999]))
-        wire += server.close(code, draw(reasons))
+        wire += end.close(code, draw(reasons))
     return bytes(wire)
 
 
 @EXAMPLES
-@given(server_traffic(), cuts)
+@given(traffic(), cuts)
 def test_what_a_server_writes_we_read_as_wsproto_does(wire, cut_at):
     assert ours(wire, cut_at) == reference(wire, cut_at)
 
@@ -232,30 +233,8 @@ def test_the_fragment_order_rules_match(opcode):
 # -- the node's end, reading a client ------------------------------------------------------------
 
 
-@st.composite
-def client_traffic(draw) -> bytes:
-    """What a client sends: binary and text messages (some in fragments), pings and pongs
-    between them and between a message's fragments, perhaps a close at the end; written by
-    wsproto's client side, masked."""
-    client = FrameProtocol(client=True, extensions=[])
-    wire = bytearray()
-    for _ in range(draw(st.integers(0, 5))):
-        data = draw(payloads | st.text(max_size=200))
-        at = sorted(draw(st.lists(st.integers(0, len(data)), max_size=3)))
-        parts = [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=False)]
-        for number, part in enumerate(parts):
-            if draw(st.booleans()):
-                control = draw(control_payloads)
-                wire += client.ping(control) if draw(st.booleans()) else client.pong(control)
-            wire += client.send_data(part, fin=number == len(parts) - 1)
-    if draw(st.booleans()):
-        code = draw(st.sampled_from([1000, 1001, 1002, 1003, 1007, 1008, 1011, 3000, 4999]))
-        wire += client.close(code, draw(reasons))
-    return bytes(wire)
-
-
 @EXAMPLES
-@given(client_traffic(), cuts)
+@given(traffic(client=True), cuts)
 def test_what_a_client_writes_the_node_reads_as_wsproto_does(wire, cut_at):
     assert ours(wire, cut_at, from_client=True) == reference(wire, cut_at, client=False)
 
