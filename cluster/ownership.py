@@ -377,7 +377,7 @@ class Ownership:
         # An owner that acted hands its slot on; a prepare given up hands nothing over, and what
         # this node gave up it does not take back at once.
         if wrote and sender != self.me:
-            self.leases.handed_over(resign.slot, sender, now)
+            self.leases.handed_over(resign.slot, resign.ballot, now)
 
     def _on_accept(self, sender: str, write: Accept, now: float) -> None:
         if not self.ready:

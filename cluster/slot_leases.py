@@ -144,9 +144,10 @@ class SlotLeases:
         self.retry_at = [-math.inf] * SLOTS
         self._backoff = [self.lease / 8] * SLOTS
         # Per slot this node is second for, since when (under its present owner), and when
-        # that owner last resigned it under a ballot that acted.
+        # that owner last resigned it, under which ballot that acted.
         self._second_since = [math.inf] * SLOTS
         self._handed_at = [-math.inf] * SLOTS
+        self._handed_ballot = [NO_BALLOT] * SLOTS
         # Slots waiting for their previous owner's promise before they adopt a state.
         self._awaiting_previous: set[int] = set()
         # Slots to resign once their writes are committed.
@@ -284,15 +285,15 @@ class SlotLeases:
         self.gate.written(slot, write.version)
         self._mail.to_all(self._placement.voters, write)
 
-    def handed_over(self, slot: int, owner: str, now: float) -> None:
-        """`owner` resigned `slot` under a ballot that acted: take it now if it is this node's,
-        or if this node is second for it after `owner`."""
+    def handed_over(self, slot: int, ballot: Ballot, now: float) -> None:
+        """The owner under `ballot` resigned `slot`, a ballot that acted: take it now if it is
+        this node's, or if this node is second for it after that owner."""
         named = self._placement.ring_owners[slot]
         if named == self.me:
             if slot not in self.owned:
                 self.retry_at[slot] = now
-        elif named == owner and slot in self._placement.seconded:
-            self._handed_at[slot] = now
+        elif named == ballot.member and slot in self._placement.seconded:
+            self._handed_at[slot], self._handed_ballot[slot] = now, ballot
             self.retry_at[slot] = now
         else:
             return
@@ -323,7 +324,8 @@ class SlotLeases:
             if answer.lease_left > 0 and owned.phase == PREPARING:
                 owned.refused_by_lease.add(sender)
                 owned.lease_left = max(owned.lease_left, answer.lease_left)
-                if owned.takeover and self._served_by_another(owned):
+                resigned = answer.promised == self._handed_ballot[slot]
+                if owned.takeover and not resigned and self._served_by_another(owned):
                     self.lose(slot, now, resigned=False)
                     self.retry_at[slot] = now + self.lease * self._rng.uniform(1.0, 1.5)
                     return

@@ -741,6 +741,34 @@ def test_an_owner_whose_lease_ran_out_resigns_it_and_asks_again_once_a_quorum_is
     assert ran_out + 0.2 >= n1.next_deadline()
 
 
+def test_refused_for_the_lease_of_a_ballot_its_owner_resigned_the_next_member_asks_as_it_ends():
+    """A home clogged from a majority and heard through the member next in the ring, S
+    (`test_overlapping_faults.py`): the home's lease ran out, its `Resign` reached S alone, and
+    S asked at once. The clogged acceptors still leased the slot to the resigned ballot for the
+    drift's margin; S, refused for it by a quorum, waited a lease or a half as for a live
+    owner, and a heartbeated lease ran out. Those leases end as the refusals say: ask then."""
+    cores = five_acting()
+    n1 = cores.pop("n1")
+    slot = next(s for s in n1.leases.owned if s in cores["n2"].placement.seconded)
+    ballot = n1.leases.owned[slot].ballot
+    ends = min(cores[m].acceptor.slots[slot].lease_until for m in ("n3", "n4", "n5"))
+    resigned_at = round(ends - 0.06, 2)
+    n2, now = cores["n2"], 0.5
+    while now < resigned_at:  # from 0.5 on, n2 alone hears n1, which renews every quarter lease
+        now = round(now + 0.01, 6)
+        if round(now / 0.25, 6).is_integer():
+            n2.receive("n1", Renew(99, ballot.era, [slot], [ballot.number], False), now)
+        exchange(cores, now)
+    assert slot not in n2.leases.owned
+    n2.receive("n1", Resign(slot, ballot), now)
+    exchange(cores, now)
+    asking = n2.leases.owned.get(slot)
+    assert asking is not None, "n2 stopped asking for a lease and a half"
+    assert asking.refused_by_lease == {"n3", "n4", "n5"} and asking.lease_left > 0
+    run_until_from(cores, now, now + 0.3)
+    assert n2.acting(slot, now + 0.3)
+
+
 def test_an_acceptor_ends_a_lease_on_a_resign_of_its_ballot_only():
     """A `Resign` that comes late, after the member asked again under a new ballot, or twice,
     ends nothing but the lease it names."""
