@@ -181,6 +181,8 @@ class FrameReader:
         self._mask_bit = 0x80 if from_client else 0
         # The opcode of the message whose fragments are coming (BINARY or TEXT), if any.
         self._opcode: int | None = None
+        # Bytes of a frame refused for its size still to drop (`next_event` drops them first).
+        self._skip = 0
 
     def feed(self, data: bytes) -> None:
         if self._start:
@@ -189,7 +191,16 @@ class FrameReader:
         self._buffer += data
 
     def next_event(self) -> Message | TextMessage | Ping | Close | None:
+        """The next event, or None until more bytes come. After a `ProtocolError` for a message
+        too big, the rest of its frame is dropped and what follows is read (the sender's close,
+        say); after any other, nothing can be read."""
         while True:
+            if self._skip:
+                dropped = min(self._skip, len(self._buffer) - self._start)
+                self._start += dropped
+                self._skip -= dropped
+                if self._skip:
+                    return None
             buffer, start = self._buffer, self._start
             if len(buffer) - start < 2:
                 return None
@@ -218,6 +229,9 @@ class FrameReader:
             if opcode >= CLOSE and (length > 125 or not final):
                 raise ProtocolError(CLOSE_PROTOCOL_ERROR, "a control frame too long or in parts")
             if opcode < CLOSE and self._size + length > self._max_message:
+                self._start = offset
+                self._skip = length + (4 if self._from_client else 0)
+                self._opcode, self._parts, self._size = None, [], 0
                 raise ProtocolError(CLOSE_TOO_BIG, f"a message over {self._max_message} bytes")
             if self._from_client:
                 if len(buffer) < offset + 4 + length:

@@ -34,6 +34,7 @@ from trio_websocket import CloseReason, ConnectionClosed, ConnectionRejected, Ha
 from sluicegate.client.websocket import (
     BINARY,
     CLOSE,
+    CLOSE_TOO_BIG,
     MAX_HANDSHAKE,
     PONG,
     TEXT,
@@ -53,6 +54,8 @@ from sluicegate.client.websocket import (
 
 # Bytes read from the socket at a time: frames of up to a MiB want big reads.
 RECEIVE_BYTES = 65536
+# How long a refused connection's other end may go on sending before its socket is closed.
+CLOSE_TIMEOUT = 1.0
 # Close codes (RFC 6455): none was given, and no close frame came.
 NO_STATUS = 1005
 ABNORMAL = 1006
@@ -84,7 +87,7 @@ class WebSocket:
             try:
                 event = self._reader.next_event()
             except ProtocolError as error:
-                await self.aclose(error.code, error.reason)
+                await self._refuse(error)
                 raise ConnectionClosed(self.closed) from None
             if isinstance(event, Message | TextMessage):
                 return event.data
@@ -115,6 +118,39 @@ class WebSocket:
             pass
         finally:
             await self._stream.aclose()
+
+    async def _refuse(self, error: ProtocolError) -> None:
+        """Close for what the other end broke: our close frame, then what it still sends (the
+        rest of a message refused from its header) is read and dropped until its close frame
+        (where the reader can still find frames: after a message too big) or its end of the
+        stream, for `CLOSE_TIMEOUT` at most. A socket closed over unread bytes is reset, and
+        the reset can overtake the close frame: the other end saw 1006 instead of 1009 on a
+        busy machine."""
+        self.closed = CloseReason(error.code, error.reason)
+        readable = error.code == CLOSE_TOO_BIG
+        try:
+            await self._send_frame(CLOSE, _close_body(error.code, error.reason))
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                while not (readable and isinstance(self._next_or_none(), Close)):
+                    data = await _receive(self._stream)
+                    if not data:
+                        break
+                    self._reader.feed(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await self._stream.aclose()
+
+    def _next_or_none(self) -> object:
+        """The reader's next event past what it can read now, dropping messages and pings;
+        None when it needs more bytes or cannot read on."""
+        try:
+            while (event := self._reader.next_event()) is not None:
+                if isinstance(event, Close):
+                    return event
+        except ProtocolError:
+            pass
+        return None
 
     async def _closed_by_the_other_end(self, close: Close) -> None:
         if self.closed is None:

@@ -89,6 +89,31 @@ async def test_a_message_over_the_bound_closes_the_connection_with_1009():
         await closed_both_ways_with(1009, peer, websocket)
 
 
+async def test_a_message_refused_from_its_header_is_read_to_its_senders_close_before_closing():
+    """Closed over the unread rest of the message, a socket is reset, and the reset can
+    overtake the close frame (1006 instead of 1009 at the other end, on a busy machine)."""
+    with trio.fail_after(TIMEOUT):
+        peer, websocket = await accepted_pair(max_message=10)
+        mask = bytes(4)  # (XOR with zeros: the payload as it is)
+        await peer.stream.send_all(bytes((0x82, 0x80 | 20)) + mask + b"x" * 5)
+        async with trio.open_nursery() as nursery:
+            refused = trio.Event()
+
+            async def read() -> None:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await websocket.get_message()
+                assert closed.value.reason.code == 1009
+                refused.set()
+
+            nursery.start_soon(read)
+            event = await peer.next_event()
+            assert isinstance(event, CloseConnection) and event.code == 1009
+            await peer.stream.send_all(b"x" * 15)  # the rest: still read, not reset
+            assert not refused.is_set()
+            await peer.stream.send_all(bytes((0x88, 0x82)) + mask + (1009).to_bytes(2, "big"))
+        assert refused.is_set()
+
+
 async def test_a_ping_is_answered_where_it_is_read():
     with trio.fail_after(TIMEOUT):
         peer, websocket = await accepted_pair()
