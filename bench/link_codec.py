@@ -49,7 +49,9 @@ FRAMES = {
     "LockRelease": LockRelease(123456, "lock-1", 7, True),
     "LockReleased": LockReleased(123456, "lock-1", 7),
     "LockTaken": LockTaken(123456, "lock-1", 7),
-    "Renew, 80 slots": Renew(40, BALLOT.era, list(range(80)), [7] * 80, False),
+    "Renew, 80 slots": Renew(
+        40, BALLOT.era, list(range(80)), [7] * 80, False, 1_764_000_000_000_000_000
+    ),
 }
 TIMES = 20_000
 

@@ -1,6 +1,6 @@
 """The acceptor of every slot (docs/cluster.md, "O1: ballots and leases", "O2: quorum writes"):
 per slot, the largest ballot it promised, its copy of the slot (`SlotCopy`), and at most one
-running *lease promise* (a member, a ballot, until when by its clock).
+running *lease promise* (a member's life, a ballot, until when by its clock).
 
 It answers `Prepare` (a promise, which leases the slot to the preparer, or a refusal saying
 why), `Renew`, `Accept` and `Resign`, and gives its whole state to a recovering life
@@ -31,6 +31,7 @@ class SlotAcceptor:
         "promised",
         "copy",
         "lessee",
+        "lessee_life",
         "lease_ballot",
         "lease_until",
         "wanted",
@@ -41,6 +42,7 @@ class SlotAcceptor:
         self.promised = NO_BALLOT
         self.copy = SlotCopy()
         self.lessee: str | None = None
+        self.lessee_life = 0
         self.lease_ballot = NO_BALLOT
         self.lease_until = -math.inf
         # Members refused for the lease since the lessee last heard of it.
@@ -52,11 +54,12 @@ class SlotAcceptor:
     def leased_to_other(self, member: str, now: float) -> bool:
         return self.lessee not in (None, member) and now < self.lease_until
 
-    def lease(self, ballot: Ballot, now: float, duration: float) -> None:
+    def lease(self, ballot: Ballot, life: int, now: float, duration: float) -> None:
         if self.lessee != ballot.member:
             self.wanted.clear()
         self.promised = max(self.promised, ballot)
-        self.lessee, self.lease_ballot, self.lease_until = ballot.member, ballot, now + duration
+        self.lessee, self.lessee_life = ballot.member, life
+        self.lease_ballot, self.lease_until = ballot, now + duration
 
 
 class Acceptor:
@@ -66,33 +69,44 @@ class Acceptor:
         self.me = me
         self.lease = lease
         self.slots = [SlotAcceptor() for _ in range(SLOTS)]
+        # Per member, the latest of its lives that asked this acceptor to recover.
+        self._recovered: dict[str, int] = {}
 
-    def prepare(self, slot: int, ballot: Ballot, era: int, now: float) -> Promise | Refuse:
+    def prepare(
+        self, slot: int, ballot: Ballot, life: int, era: int, now: float
+    ) -> Promise | Refuse:
         acceptor = self.slots[slot]
         if ballot.member != self.me:
             acceptor.heard_at = now
-        if ballot <= acceptor.promised or ballot.era < era:
+        if ballot <= acceptor.promised or ballot.era < era or self._gone(ballot.member, life):
             return Refuse(slot, ballot, max(acceptor.promised, era_floor(era)), 0.0)
         if acceptor.leased_to_other(ballot.member, now):
             acceptor.wanted.add(ballot.member)
             left = acceptor.lease_until - now
             return Refuse(slot, ballot, acceptor.promised, left, acceptor.lessee or "")
-        acceptor.lease(ballot, now, self.lease)
+        acceptor.lease(ballot, life, now, self.lease)
         copy = acceptor.copy
         return Promise(slot, ballot, copy.accepted, copy.version, copy.records(now))
 
-    def renew(self, number: int, slots: list[int], ballots: list[Ballot], now: float) -> Renewed:
-        """Extend the leases of an owner's slots; tell it who asked for them in vain."""
+    def renew(
+        self, number: int, slots: list[int], ballots: list[Ballot], life: int, now: float
+    ) -> Renewed:
+        """Extend the leases of an owner's slots (of its life `life`); tell it who asked for
+        them in vain."""
         renewed, refused, promised, wanted, wanted_by = [], [], [], [], []
         for slot, ballot in zip(slots, ballots, strict=True):
             acceptor = self.slots[slot]
             # Refused or not: its owner is alive, and the member next in the ring leaves it be.
             acceptor.heard_at = now
-            if ballot < acceptor.promised or acceptor.leased_to_other(ballot.member, now):
+            if (
+                ballot < acceptor.promised
+                or acceptor.leased_to_other(ballot.member, now)
+                or self._gone(ballot.member, life)
+            ):
                 refused.append(slot)
                 promised.append(acceptor.promised)
                 continue
-            acceptor.lease(ballot, now, self.lease)
+            acceptor.lease(ballot, life, now, self.lease)
             renewed.append(slot)
             for member in sorted(acceptor.wanted):
                 wanted.append(slot)
@@ -109,6 +123,22 @@ class Acceptor:
         applied = copy.apply(write, now)
         held = copy.version if applied and copy.accepted == write.ballot else 0
         return Accepted(write.slot, write.ballot, held)
+
+    def recovering(self, member: str, life: int) -> None:
+        """`member`'s life `life` asks to recover. Only a life that is not ready asks, so it
+        holds no lease, and one life per node id runs at a time: the leases promised here to
+        its earlier lives end now, and those lives are refused from now on (docs/cluster.md,
+        "A lease ends with its life")."""
+        if life <= self._recovered.get(member, life - 1):
+            return
+        self._recovered[member] = life
+        for acceptor in self.slots:
+            if acceptor.lessee == member and acceptor.lessee_life < life:
+                acceptor.lease_until = -math.inf
+
+    def _gone(self, member: str, life: int) -> bool:
+        """Is `life` earlier than a life of `member` that asked this acceptor to recover?"""
+        return life < self._recovered.get(member, life)
 
     def resign(self, slot: int, ballot: Ballot) -> None:
         """The owner under `ballot` gave `slot` up: its lease promise ends now."""

@@ -90,16 +90,19 @@ class Ownership:
         self,
         me: str,
         *,
+        life: int,
         lease: float,
         settle: float,
         era_floor: int,
         rng: random.Random,
         now: float,
     ) -> None:
-        """`lease`: how long an acceptor's lease promise lasts; `settle`: how long a new life
-        learns the voters before it decides anything about recovery; `era_floor`: the least era
-        a cold start this life takes part in may pick (above the era its previous lives kept on
-        disk, if the node keeps one, and at least the wall clock in milliseconds)."""
+        """`life`: this life's generation (what the membership knows it by), which the leases
+        it is promised are for; `lease`: how long an acceptor's lease promise lasts; `settle`:
+        how long a new life learns the voters before it decides anything about recovery;
+        `era_floor`: the least era a cold start this life takes part in may pick (above the era
+        its previous lives kept on disk, if the node keeps one, and at least the wall clock in
+        milliseconds)."""
         self.me = me
         self.lease = lease
         # The era this life is in, and whether it answers as an acceptor yet.
@@ -115,6 +118,7 @@ class Ownership:
         self.acceptor = Acceptor(me, lease)
         self.leases = SlotLeases(
             me,
+            life=life,
             lease=lease,
             rng=rng,
             placement=self.placement,
@@ -127,6 +131,7 @@ class Ownership:
         )
         self.recovery = Recovery(
             me,
+            life=life,
             lease=lease,
             settle=settle,
             era_floor=era_floor,
@@ -334,15 +339,13 @@ class Ownership:
             self._designate(now)
         _HANDLERS[type(message)](self, sender, message, now)
 
-    def _on_prepare(self, sender: str, message: Prepare, now: float) -> None:
-        self._answer_prepare(sender, message.slot, message.ballot, now)
-
-    def _answer_prepare(self, sender: str, slot: int, ballot: Ballot, now: float) -> None:
+    def _on_prepare(self, sender: str, prepare: Prepare, now: float) -> None:
         if not self.ready:
-            self.recovery.early_prepares[sender, slot] = ballot
+            self.recovery.early_prepares[sender, prepare.slot] = prepare
             return
+        slot, ballot = prepare.slot, prepare.ballot
         self._see(slot, ballot, now)
-        self._mail.send(sender, self.acceptor.prepare(slot, ballot, self.era, now))
+        self._mail.send(sender, self.acceptor.prepare(slot, ballot, prepare.life, self.era, now))
 
     def _on_answer(self, sender: str, answer: Promise | Refuse, now: float) -> None:
         if isinstance(answer, Refuse):
@@ -361,7 +364,8 @@ class Ownership:
         # before the acceptor answers for any slot.
         for slot, ballot in zip(renew.slots, ballots, strict=True):
             self._see(slot, ballot, now)
-        self._mail.send(sender, self.acceptor.renew(renew.round, renew.slots, ballots, now))
+        answer = self.acceptor.renew(renew.round, renew.slots, ballots, renew.life, now)
+        self._mail.send(sender, answer)
 
     def _on_renewed(self, sender: str, answer: Renewed, now: float) -> None:
         for slot, promised in zip(answer.refused, answer.promised, strict=True):
@@ -389,6 +393,7 @@ class Ownership:
         self.leases.on_accepted(sender, answer.slot, answer.ballot, answer.version, now)
 
     def _on_recover(self, sender: str, recover: Recover, now: float) -> None:
+        self.acceptor.recovering(sender, recover.life)
         if not self.ready:
             # Its floor: a cold start it takes part in goes above it.
             floor = self.recovery.accepted_cold.era
@@ -478,8 +483,8 @@ class Ownership:
         late as the network may bring any): unanswered, their preparers would wait a lease for
         the promises they need, members of the same cold start more than a second apart."""
         early, self.recovery.early_prepares = self.recovery.early_prepares, {}
-        for (sender, slot), ballot in sorted(early.items()):
-            self._answer_prepare(sender, slot, ballot, now)
+        for (sender, _), prepare in sorted(early.items(), key=lambda item: item[0]):
+            self._on_prepare(sender, prepare, now)
 
     def _drain(self, now: float) -> None:
         local = self._mail.local

@@ -19,8 +19,12 @@ from .slots import Ballot
 
 @dataclass(frozen=True, slots=True)
 class Prepare:
+    """`ballot` asks for `slot`; `life`: the sender's life (its generation), which a lease the
+    acceptor promises is for."""
+
     slot: int
     ballot: Ballot
+    life: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +53,17 @@ class Refuse:
 @dataclass(frozen=True, slots=True)
 class Renew:
     """Round `round` of an owner's leases: extend them for these slots, at its ballots of these
-    numbers in `era` (an owner's ballots are its own: their member is the sender); `slow`: its
-    rounds reach a quorum too slowly for it to act for slots (cluster/pace.py). A ready member
-    sends its rounds even while it holds no slot, so that the others hear that too."""
+    numbers in `era` (an owner's ballots are its own: their member is the sender), for its life
+    `life`; `slow`: its rounds reach a quorum too slowly for it to act for slots
+    (cluster/pace.py). A ready member sends its rounds even while it holds no slot, so that the
+    others hear that too."""
 
     round: int
     era: int
     slots: list[int]
     numbers: list[int]
     slow: bool
+    life: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +98,10 @@ class SlotImage:
 
 @dataclass(frozen=True, slots=True)
 class Recover:
-    """A new life asks for every slot (`nonce` tells its rounds apart)."""
+    """A new life, `life`, asks for every slot (`nonce` tells its rounds apart)."""
 
     nonce: int
+    life: int
 
 
 @dataclass(frozen=True, slots=True)

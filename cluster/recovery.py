@@ -42,6 +42,7 @@ from .ownership_messages import (
     ColdStart,
     ColdStarted,
     Mailbox,
+    Prepare,
     Recover,
     RecoverReply,
     SlotImage,
@@ -134,6 +135,7 @@ class Recovery:
         self,
         me: str,
         *,
+        life: int,
         lease: float,
         settle: float,
         era_floor: int,
@@ -142,11 +144,12 @@ class Recovery:
         deadline_moved: Callable[[], None],
         now: float,
     ) -> None:
-        """`settle`: how long a new life learns the voters before it decides anything;
-        `era_floor`: the least era a cold start this life takes part in may pick (above the era
-        its previous lives kept on disk, if the node keeps one, and at least the wall clock in
-        milliseconds)."""
+        """`life`: this life's generation, told in each `Recover`; `settle`: how long a new life
+        learns the voters before it decides anything; `era_floor`: the least era a cold start
+        this life takes part in may pick (above the era its previous lives kept on disk, if the
+        node keeps one, and at least the wall clock in milliseconds)."""
         self.me = me
+        self._life = life
         self._rng = rng
         self._mail = mail
         self._deadline_moved = deadline_moved
@@ -168,9 +171,9 @@ class Recovery:
         self.accepted_cold = Ballot(era_floor, 0, "")
         self.started_cold: Ballot | None = None
         self._cold_started: Ballot | None = None
-        # (sender, slot) -> the latest ballot a member prepared before this life was ready:
+        # (sender, slot) -> the latest prepare of a member before this life was ready:
         # answered once it is (at most one per member and slot).
-        self.early_prepares: dict[tuple[str, int], Ballot] = {}
+        self.early_prepares: dict[tuple[str, int], Prepare] = {}
 
     def deadlines(self, now: float) -> list[float]:
         """When `step` has something to do next (while the life recovers)."""
@@ -226,7 +229,7 @@ class Recovery:
             if (again or member not in reading.asked or early) and member not in heard.read:
                 nonce = self._rng.getrandbits(63)
                 reading.asked[member] = (nonce, now)
-                self._mail.send(member, Recover(nonce))
+                self._mail.send(member, Recover(nonce, self._life))
 
     # -- the rules' conditions ---------------------------------------------------------------
 

@@ -111,6 +111,7 @@ class SlotLeases:
         self,
         me: str,
         *,
+        life: int,
         lease: float,
         rng: random.Random,
         placement: Placement,
@@ -120,10 +121,12 @@ class SlotLeases:
         deadline_moved: Callable[[], None],
         choose_copy: Callable[[Iterable[Promise]], Promise | None],
     ) -> None:
-        """`acceptor`: this node's own, which holds what it wrote; `events`: where `Gained` and
+        """`life`: this life's generation, which the leases it is promised are for;
+        `acceptor`: this node's own, which holds what it wrote; `events`: where `Gained` and
         `Lost` go; `deadline_moved`: called whenever a deadline of `deadlines` may have;
         `choose_copy`: which promised copy a new owner adopts (`latest`)."""
         self.me = me
+        self.life = life
         self.lease = lease
         self.usable_lease = lease * (1 - DRIFT) / (1 + DRIFT)
         self._rng = rng
@@ -312,7 +315,7 @@ class SlotLeases:
         self.seen[slot] = ballot
         self.owned[slot] = OwnedSlot(ballot, PREPARING, now)
         self._deadline_moved()
-        self._mail.to_all(self._placement.voters, Prepare(slot, ballot))
+        self._mail.to_all(self._placement.voters, Prepare(slot, ballot, self.life))
 
     def on_answer(self, sender: str, answer: Promise | Refuse, era: int, now: float) -> None:
         """An acceptor's answer to a `Prepare` or `Accept` of this node's."""
@@ -480,7 +483,7 @@ class SlotLeases:
         numbers = [ballot.number for ballot in slots.values()]
         self._mail.to_all(
             self._placement.voters,
-            Renew(self._next_round, era, list(slots), numbers, self.pace.slow),
+            Renew(self._next_round, era, list(slots), numbers, self.pace.slow, self.life),
         )
         self._resend_uncommitted(now)
 

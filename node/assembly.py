@@ -233,6 +233,7 @@ class Node:
         )
         ownership = Ownership(
             node_id,
+            life=generation,
             lease=cluster.lease or cluster.down_after,
             settle=cluster.down_after,
             era_floor=max(seams.epoch(), kept.era + 1),

@@ -137,6 +137,7 @@ class Model:
         life = Life(node, number, None, rate, offset, seeded=seeded)  # type: ignore[arg-type]
         life.core = Ownership(
             node,
+            life=number,
             lease=LEASE,
             settle=self.down_after,
             era_floor=1000 + int(self.t * 1000),

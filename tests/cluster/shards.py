@@ -51,6 +51,7 @@ class Shards:
     def start(self, node_id: str) -> Shard:
         ownership = Ownership(
             node_id,
+            life=1,
             lease=LEASE,
             settle=LEASE,
             era_floor=1000,

@@ -91,7 +91,7 @@ def test_a_rate_limit_key_longer_than_the_longest_is_refused():
 def serving_shard(limits: Limits) -> tuple[Shard, float]:
     """A cluster of one member that serves every slot, and the time it does from."""
     ownership = Ownership(
-        "n1", lease=1.0, settle=1.0, era_floor=1000, rng=random.Random(1), now=0.0
+        "n1", life=1, lease=1.0, settle=1.0, era_floor=1000, rng=random.Random(1), now=0.0
     )
     shard = Shard("n1", {"A": SemaphoreConfig(1)}, ownership, random.Random(2), limits=limits)
     now = 0.0

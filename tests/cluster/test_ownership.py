@@ -240,7 +240,9 @@ def test_a_new_life_heard_of_only_through_gossip_is_named_for_no_slot_until_it_i
     """Its links to this node are cut, so its `Recover` never comes here: named by the ready
     verdict of the life before it, it kept its slots from everyone while it could not become
     ready itself (five-node seed 309768660, a lease lost)."""
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     voters = {"n1", "n2", "n3"}
     core.members_changed({m: 1 for m in voters}, voters, 0.0)
     core._become_ready(5, 0.0, cold=True)
@@ -249,7 +251,7 @@ def test_a_new_life_heard_of_only_through_gossip_is_named_for_no_slot_until_it_i
     core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.0)
     assert not any(core.owner_of(s) == "n2" for s in range(SLOTS))
     assert {core.owner_of(s) for s in n2_slots} <= {"n1", "n3"}
-    core.receive("n2", Renew(1, 5, [], [], False), 1.1)  # only a ready life renews
+    core.receive("n2", Renew(1, 5, [], [], False, 1), 1.1)  # only a ready life renews
     assert [s for s in range(SLOTS) if core.owner_of(s) == "n2"] == n2_slots
     core.members_changed({"n1": 1, "n3": 1}, voters, 1.2)  # n2 counted down...
     core.members_changed({"n1": 1, "n2": 2, "n3": 1}, voters, 1.3)  # ... and back, that life
@@ -257,21 +259,25 @@ def test_a_new_life_heard_of_only_through_gossip_is_named_for_no_slot_until_it_i
 
 
 def test_a_new_life_answers_nothing_as_an_acceptor_before_it_is_ready():
-    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
     core.outbox()
-    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 0.1)
-    core.receive("n2", Renew(1, 5, [3], [1], False), 0.1)
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2"), 1), 0.1)
+    core.receive("n2", Renew(1, 5, [3], [1], False, 1), 0.1)
     core.receive("n2", Accept(3, Ballot(5, 1, "n2"), 1, True, [], []), 0.1)
     assert [m for _, m in core.outbox() if not isinstance(m, Recover)] == []
-    core.receive("n2", Recover(9), 0.1)
+    core.receive("n2", Recover(9, 1), 0.1)
     assert core.outbox() == [("n2", RecoverReply(9, False, 5, [], 0, 1))]
 
 
 def test_a_cold_start_goes_above_the_floor_of_every_member_whatever_the_proposers_clock():
     """Fencing tokens start at the era: a proposer whose clock is behind the last era (and
     whose disk, if any, is gone) still proposes above what the others kept."""
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     voters = {"n1", "n2", "n3"}
     core.members_changed({m: 1 for m in voters}, voters, 0.0)
     core.knows_the_voters(0.0)
@@ -283,7 +289,7 @@ def test_a_cold_start_goes_above_the_floor_of_every_member_whatever_the_proposer
 
 
 def test_a_new_life_refuses_a_cold_start_at_or_below_its_floor_and_the_proposer_goes_above():
-    n2 = Ownership("n2", lease=1.0, settle=0.0, era_floor=9, rng=random.Random(1), now=0.0)
+    n2 = Ownership("n2", life=1, lease=1.0, settle=0.0, era_floor=9, rng=random.Random(1), now=0.0)
     n2.receive("n1", ColdStart(Ballot(8, 0, "n1")), 0.1)
     ((_, refusal),) = n2.outbox()
     assert refusal == ColdAnswer(Ballot(8, 0, "n1"), Ballot(9, 0, ""), False)
@@ -350,7 +356,9 @@ def test_lives_restarted_cut_off_from_most_members_start_no_era_of_their_own(
 
 
 def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
-    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core._become_ready(7, 0.0, cold=True)
     core.events()
     core.receive("n2", ColdStart(Ballot(9, 0, "n2")), 0.5)
@@ -360,7 +368,9 @@ def test_a_ready_node_refuses_a_cold_start_and_the_proposer_recovers_instead():
 def test_a_cold_start_won_before_this_node_knew_the_voters_waits_until_it_does():
     """Links can bring a cold start before gossip brings its members: ready then, a node
     counting itself as the only voter took all 256 slots alone beside the others."""
-    core = Ownership("n3", lease=3.0, settle=3.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n3", life=1, lease=3.0, settle=3.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     proposal = Ballot(9, 0, "n1")
     core.receive("n1", ColdStart(proposal), 0.1)
     assert core.outbox() == [("n1", ColdAnswer(proposal, proposal, False))]
@@ -376,7 +386,9 @@ def test_a_write_committed_after_its_lease_ran_out_gains_nothing():
     """A node paused between its write and the answers: the others took the slot and wrote
     meanwhile, and the answers it woke to made it gain from what it had adopted, without those
     writes (model seed 1132)."""
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
     core._become_ready(5, 0.0, cold=True)
     core.tick(0.0)
@@ -391,11 +403,13 @@ def test_a_write_committed_after_its_lease_ran_out_gains_nothing():
 
 
 def test_a_larger_era_seen_drops_what_an_older_one_left():
-    core = Ownership("n1", lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=1.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core._become_ready(7, 0.0, cold=True)
     core.receive("n2", Accept(3, Ballot(7, 1, "n2"), 1, True, [record(1)], []), 0.1)
     assert len(core.acceptor.slots[3].copy) == 1
-    core.receive("n3", Prepare(4, Ballot(8, 1, "n3")), 0.2)
+    core.receive("n3", Prepare(4, Ballot(8, 1, "n3"), 1), 0.2)
     assert core.era == 8 and len(core.acceptor.slots[3].copy) == 0
 
 
@@ -403,32 +417,36 @@ def test_a_larger_era_seen_drops_what_an_older_one_left():
 
 
 def test_an_acceptor_refuses_a_ballot_while_it_leases_the_slot_to_another_member():
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core._become_ready(5, 0.0, cold=True)
-    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 1.0)
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2"), 1), 1.0)
     assert isinstance(core.outbox()[0][1], Promise)
-    core.receive("n3", Prepare(3, Ballot(5, 2, "n3")), 1.5)
+    core.receive("n3", Prepare(3, Ballot(5, 2, "n3"), 1), 1.5)
     ((_, refusal),) = core.outbox()
     assert isinstance(refusal, Refuse) and refusal.lease_left == pytest.approx(0.5)
     # The lessee renews and hears who asked; once it resigns, the other gets the slot at once.
-    core.receive("n2", Renew(1, 5, [3], [1], False), 1.6)
+    core.receive("n2", Renew(1, 5, [3], [1], False, 1), 1.6)
     ((_, renewed),) = core.outbox()
     assert renewed == Renewed(1, [3], [], [], [3], ["n3"])
     core.receive("n2", Resign(3, Ballot(5, 1, "n2")), 1.7)
-    core.receive("n3", Prepare(3, Ballot(5, 2, "n3")), 1.7)
+    core.receive("n3", Prepare(3, Ballot(5, 2, "n3"), 1), 1.7)
     assert isinstance(core.outbox()[0][1], Promise)
     # A smaller ballot is refused whatever the leases.
-    core.receive("n2", Prepare(3, Ballot(5, 1, "n2")), 9.0)
+    core.receive("n2", Prepare(3, Ballot(5, 1, "n2"), 1), 9.0)
     assert core.outbox()[0][1].promised == Ballot(5, 2, "n3")
 
 
 def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
     """Its own acceptor refused for n1's lease, which ends in 0.1 s; n2, its clock ahead,
     promised: the preparer asks again within a quarter lease, not after a whole one."""
-    core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n3", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n3": 1}, {"n1", "n2", "n3"}, 0.0)  # alone: it prepares nothing
     core._become_ready(5, 0.0, cold=True)
-    core.receive("n1", Prepare(3, Ballot(5, 1, "n1")), 0.0)  # leased to n1 until 1.0
+    core.receive("n1", Prepare(3, Ballot(5, 1, "n1"), 1), 0.0)  # leased to n1 until 1.0
     core.leases.prepare(3, core.era, 0.9)
     core._drain(0.9)  # refused by its own acceptor: one answer of a quorum of two
     ballot = core.leases.owned[3].ballot
@@ -441,7 +459,9 @@ def test_a_promise_after_a_refusal_for_a_lease_asks_again_when_the_lease_ends():
 
 def preparing_slot_3_of_five() -> tuple[Ownership, Ballot]:
     """n5, ready among five voters, preparing slot 3: its own acceptor promised."""
-    core = Ownership("n5", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n5", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n5": 1}, {"n1", "n2", "n3", "n4", "n5"}, 0.0)
     core._become_ready(5, 0.0, cold=True)
     core.leases.prepare(3, core.era, 0.0)
@@ -481,7 +501,9 @@ def two_of_three_without_n1() -> tuple[dict[str, Ownership], int]:
     own slots at 0. Returns them, and a slot the ring names n1 for, and n2 next."""
     cores = {}
     for me in ("n2", "n3"):
-        core = Ownership(me, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+        core = Ownership(
+            me, life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+        )
         core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
         core._become_ready(5, 0.0, cold=True)
         cores[me] = core
@@ -532,7 +554,7 @@ def test_the_member_next_in_the_ring_defers_a_lease_to_another_member_that_asks(
     cores, slot = two_of_three_without_n1()
     n2 = cores["n2"]
     run_until(cores, 0.5)
-    n2.receive("n1", Prepare(slot, Ballot(5, 9, "n1")), 0.5)  # promised, a lease to n1
+    n2.receive("n1", Prepare(slot, Ballot(5, 9, "n1"), 1), 0.5)  # promised, a lease to n1
     run_until(cores, 1.45)
     assert slot not in n2.leases.owned
     run_until(cores, 1.7)
@@ -551,7 +573,7 @@ def test_the_member_next_in_the_ring_hears_an_owner_whose_renewals_its_acceptor_
         now = round(now + 0.05, 6)
         if now >= round_ * 0.25:
             round_ += 1
-            n2.receive("n1", Renew(round_, 5, [slot], [1], False), now)
+            n2.receive("n1", Renew(round_, 5, [slot], [1], False, 1), now)
         exchange(cores, now)
     assert slot not in n2.leases.owned
 
@@ -573,9 +595,9 @@ def owner_n1_heard_at_n2_until(cores: dict[str, Ownership], slot: int, now: floa
     in the ring, defers to it until a lease later."""
     n2, ballot = cores["n2"], Ballot(5, 1, "n1")
     run_until(cores, now)
-    n2.receive("n1", Prepare(slot, ballot), now)
+    n2.receive("n1", Prepare(slot, ballot, 1), now)
     n2.receive("n1", Accept(slot, ballot, 1, True, [], []), now)
-    n2.receive("n1", Renew(1, 5, [slot], [1], False), now)
+    n2.receive("n1", Renew(1, 5, [slot], [1], False, 1), now)
     return ballot
 
 
@@ -601,7 +623,7 @@ def test_the_member_next_in_the_ring_waits_out_an_owner_heard_again_after_it_res
     n2 = cores["n2"]
     ballot = owner_n1_heard_at_n2_until(cores, slot, 0.5)
     n2.receive("n1", Resign(slot, ballot), 0.5)
-    n2.receive("n1", Prepare(slot, Ballot(5, 2, "n1")), 0.52)  # its next ballot
+    n2.receive("n1", Prepare(slot, Ballot(5, 2, "n1"), 1), 0.52)  # its next ballot
     run_until_from(cores, 0.5, 1.5)
     assert slot not in n2.leases.owned
     run_until_from(cores, 1.5, 1.75)
@@ -613,7 +635,7 @@ def test_a_resignation_of_a_member_the_ring_does_not_name_starts_no_takeover():
     n2 = cores["n2"]
     owner_n1_heard_at_n2_until(cores, slot, 0.5)
     other = Ballot(5, 3, "n3")
-    n2.receive("n3", Prepare(slot, other), 0.6)
+    n2.receive("n3", Prepare(slot, other, 1), 0.6)
     n2.receive("n3", Accept(slot, other, 2, True, [], []), 0.6)
     n2.receive("n3", Resign(slot, other), 0.6)  # an owner that wrote, but not the named one
     run_until_from(cores, 0.6, 1.5)
@@ -626,7 +648,9 @@ def test_a_life_just_ready_waits_a_lease_before_it_takes_a_slot_over():
     it recovers, its ring leaves it out: it becomes second for its slots when it is ready.)"""
     cores = {}
     for me in ("n2", "n3"):
-        core = Ownership(me, lease=1.0, settle=9.0, era_floor=5, rng=random.Random(1), now=0.0)
+        core = Ownership(
+            me, life=1, lease=1.0, settle=9.0, era_floor=5, rng=random.Random(1), now=0.0
+        )
         core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
         cores[me] = core
     run_until(cores, 3.0)  # learning the voters: not ready, second for n1's slots
@@ -666,7 +690,9 @@ def five_acting() -> dict[str, Ownership]:
     members = {f"n{i}": 1 for i in range(1, 6)}
     cores = {}
     for me in members:
-        core = Ownership(me, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+        core = Ownership(
+            me, life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+        )
         core.members_changed(members, set(members), 0.0)
         core._become_ready(5, 0.0, cold=True)
         cores[me] = core
@@ -734,9 +760,9 @@ def test_an_owner_whose_lease_ran_out_resigns_it_and_asks_again_once_a_quorum_is
     ran_out = now
     assert resigned == [Resign(slot, ballot)] * 4
     assert n1.leases.retry_at[slot] >= ran_out + 1.0
-    n1.receive("n2", Renew(99, 5, [], [], False), ran_out + 0.1)  # two of five: not a quorum
+    n1.receive("n2", Renew(99, 5, [], [], False, 1), ran_out + 0.1)  # two of five: not a quorum
     assert n1.leases.retry_at[slot] >= ran_out + 1.0
-    n1.receive("n3", Renew(99, 5, [], [], False), ran_out + 0.2)
+    n1.receive("n3", Renew(99, 5, [], [], False, 1), ran_out + 0.2)
     assert n1.leases.retry_at[slot] == ran_out + 0.2
     assert ran_out + 0.2 >= n1.next_deadline()
 
@@ -757,7 +783,7 @@ def test_refused_for_the_lease_of_a_ballot_its_owner_resigned_the_next_member_as
     while now < resigned_at:  # from 0.5 on, n2 alone hears n1, which renews every quarter lease
         now = round(now + 0.01, 6)
         if round(now / 0.25, 6).is_integer():
-            n2.receive("n1", Renew(99, ballot.era, [slot], [ballot.number], False), now)
+            n2.receive("n1", Renew(99, ballot.era, [slot], [ballot.number], False, 1), now)
         exchange(cores, now)
     assert slot not in n2.leases.owned
     n2.receive("n1", Resign(slot, ballot), now)
@@ -777,7 +803,7 @@ def test_an_acceptor_ends_a_lease_on_a_resign_of_its_ballot_only():
     slot = next(iter(cores["n1"].leases.owned))
     old = cores["n1"].leases.owned[slot].ballot
     newer = Ballot(old.era, old.number + 1, "n1")
-    n2.receive("n1", Prepare(slot, newer), 1.0)
+    n2.receive("n1", Prepare(slot, newer, 1), 1.0)
     n2.receive("n1", Resign(slot, old), 1.0)
     assert n2.acceptor.slots[slot].lease_until > 1.0
     n2.receive("n1", Resign(slot, newer), 1.0)
@@ -804,10 +830,10 @@ def test_a_resignation_hands_over_a_slot_its_ballot_wrote_and_nothing_else():
     n2.leases.lose(slot, 0.5, resigned=False)
     n2.leases.retry_at[slot] = 9.0
     asked = Ballot(5, 7, "n3")
-    n2.receive("n3", Prepare(slot, asked), 0.6)
+    n2.receive("n3", Prepare(slot, asked, 1), 0.6)
     n2.receive("n3", Resign(slot, asked), 0.7)  # a prepare given up
     assert n2.leases.retry_at[slot] == 9.0
-    n2.receive("n3", Prepare(slot, asked), 0.75)
+    n2.receive("n3", Prepare(slot, asked, 1), 0.75)
     n2.receive("n3", Accept(slot, asked, 1, True, [], []), 0.75)
     n2.receive("n3", Resign(slot, asked), 0.8)  # an owner that wrote
     assert n2.leases.retry_at[slot] == 0.8
@@ -873,7 +899,9 @@ def test_a_writer_counts_an_acceptors_word_only_for_a_vote_life_after_the_write_
 
 
 def test_an_owner_writes_again_once_its_acceptors_words_are_half_spent():
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
     core._become_ready(5, 0.0, cold=True)
     core.tick(0.0)
@@ -898,7 +926,9 @@ def test_a_new_life_reads_the_others_only_once_its_quarantine_is_over():
     """Copies sent before then may miss a write that a quorum with its previous life is still
     accepting: the five-node schedule of issue 38 recovered from such copies, and a write the
     client was told of was lost."""
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     voters = {"n1", "n2", "n3"}
     core.members_changed({m: 1 for m in voters}, voters, 0.0)
     asked = {to: m.nonce for to, m in core.outbox() if isinstance(m, Recover)}
@@ -977,12 +1007,14 @@ def test_slots_spread_over_the_members():
 
 
 def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
-    core = Ownership("n1", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
     core._become_ready(5, 0.0, cold=True)
     slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
     core.outbox()
-    core.receive("n2", Prepare(slot, Ballot(5, 9, "n2")), 0.5)  # n2 holds its lease now
+    core.receive("n2", Prepare(slot, Ballot(5, 9, "n2"), 1), 0.5)  # n2 holds its lease now
     assert core.actor_of(slot, 0.6) == "n2"
     assert core.actor_of(slot, 1.6) == "n3"  # the lease ran out: whom the ring names
     core.members_changed({"n1": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.7)
@@ -994,20 +1026,22 @@ def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
 
 
 def test_a_node_does_not_serve_for_a_lease_its_own_acceptor_promised_it_in_vain():
-    core = Ownership("n3", lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0)
+    core = Ownership(
+        "n3", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
     core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
     core._become_ready(5, 0.0, cold=True)
     slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3" and not core.acting(s, 0.0))
     core.outbox()
     # n3 asked for the slot and promised itself; n2 refused, for n1's lease.
-    core.receive("n3", Prepare(slot, Ballot(5, 4, "n3")), 0.5)
+    core.receive("n3", Prepare(slot, Ballot(5, 4, "n3"), 1), 0.5)
     assert not core.acting(slot, 0.6)
     assert core.actor_of(slot, 0.6) == "n3", "nobody else named yet: the ring"
     core.receive("n2", Refuse(slot, Ballot(5, 4, "n3"), Ballot(5, 1, "n1"), 0.8, "n1"), 0.6)
     assert core.actor_of(slot, 0.7) == "n1"
     # n1 wins a larger ballot and writes: the writer, while n3's own promise runs.
     other = next(s for s in range(SLOTS) if s != slot and core.owner_of(s) == "n3")
-    core.receive("n3", Prepare(other, Ballot(5, 4, "n3")), 0.5)
+    core.receive("n3", Prepare(other, Ballot(5, 4, "n3"), 1), 0.5)
     core.receive("n1", Accept(other, Ballot(5, 5, "n1"), 1, True, [record(5)], []), 0.6)
     assert core.actor_of(other, 0.7) == "n1"
     assert core.actor_of(other, 1.7) == "n3", "the promise ran out: the ring"
@@ -1046,3 +1080,52 @@ def test_a_copy_keeps_locks_as_values_the_garbage_collector_does_not_walk():
         lock_key("B", peer_id): LockRecord("B", peer_id, 1, 1, 0, True, peer_id)
         for peer_id in range(2000)
     } | {"s:B": SemaphoreRecord("B", 7, 2000)}
+
+
+def acceptor_of_three() -> tuple[Ownership, int]:
+    """n1, ready, as the acceptor of a slot the ring names n3 for."""
+    core = Ownership(
+        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
+    )
+    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
+    core._become_ready(5, 0.0, cold=True)
+    slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
+    core.outbox()
+    return core, slot
+
+
+def answer_to(core: Ownership, sender: str, message: object, now: float) -> object:
+    core.receive(sender, message, now)
+    (answer,) = [m for to, m in core.outbox() if to == sender]
+    return answer
+
+
+def test_a_new_life_asking_to_recover_ends_the_leases_of_the_lives_before_it():
+    """Five-node seed 811107053: n5 took a slot and crashed at once; its next life came back
+    0.1 s later, and its dead life's lease kept n2 out for two seconds more."""
+    core, slot = acceptor_of_three()
+    assert isinstance(answer_to(core, "n2", Prepare(slot, Ballot(5, 1, "n2"), 7), 0.1), Promise)
+    refused = answer_to(core, "n3", Prepare(slot, Ballot(5, 2, "n3"), 1), 0.2)
+    assert isinstance(refused, Refuse) and refused.lessee == "n2"
+    core.receive("n2", Recover(99, 8), 0.3)  # n2's next life
+    core.outbox()
+    assert isinstance(answer_to(core, "n3", Prepare(slot, Ballot(5, 3, "n3"), 1), 0.4), Promise)
+    # What the dead life said late is refused: it leases nothing again.
+    late = answer_to(core, "n2", Renew(4, 5, [slot], [1], False, 7), 0.5)
+    assert late.refused == [slot] and late.renewed == []
+    assert isinstance(answer_to(core, "n2", Prepare(slot, Ballot(5, 9, "n2"), 7), 0.5), Refuse)
+
+
+def test_a_repeated_or_older_recover_ends_no_lease_of_the_life_that_holds_it():
+    """A `Recover` of the lessee's own life, or of one before it, said again and arriving after
+    the life was ready and leased the slot: that life is alive, and its lease stands."""
+    core, slot = acceptor_of_three()
+    core.receive("n2", Recover(98, 8), 0.1)
+    core.outbox()
+    assert isinstance(answer_to(core, "n2", Prepare(slot, Ballot(5, 1, "n2"), 8), 0.2), Promise)
+    core.receive("n2", Recover(98, 8), 0.3)
+    core.receive("n2", Recover(97, 7), 0.3)
+    core.outbox()
+    refused = answer_to(core, "n3", Prepare(slot, Ballot(5, 2, "n3"), 1), 0.4)
+    assert isinstance(refused, Refuse) and refused.lessee == "n2"
+    assert answer_to(core, "n2", Renew(4, 5, [slot], [1], False, 8), 0.5).renewed == [slot]

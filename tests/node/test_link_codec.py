@@ -38,15 +38,15 @@ def test_every_ownership_message_crosses_a_node_link():
     semaphore = SemaphoreRecord("A", 9, 2)
     holder, waiter = LockRecord("A", 5, 1, 2, 8, False, 0), LockRecord("A", 6, 1, 3, 0, True, 1)
     messages = [
-        Prepare(3, ballot),
+        Prepare(3, ballot, 1_764_000_000_000_000_000),
         Promise(3, ballot, NO_BALLOT, 0, [record(5), semaphore, holder, waiter]),
         Refuse(3, ballot, ballot, 0.25),
-        Renew(4, ballot.era, [1, 2], [7, 8], False),
+        Renew(4, ballot.era, [1, 2], [7, 8], False, 1_764_000_000_000_000_000),
         Renewed(4, [1], [2], [ballot], [1], ["n3"]),
         Resign(3, ballot),
         Accept(3, ballot, 2, False, [record(5), waiter], [6, "s:B", holder.key]),
         Accepted(3, ballot, 2),
-        Recover(11),
+        Recover(11, 1_764_000_000_000_000_000),
         RecoverReply(11, True, ballot.era, [SlotImage(3, ballot, ballot, 2, [semaphore])], 0, 1),
         ColdStart(ballot),
         ColdAnswer(ballot, ballot, False),

@@ -371,3 +371,52 @@ def test_a_home_clogged_from_a_majority_but_heard_through_a_minority_hands_its_s
     took = next(at for at, actor in roles["acted"] if actor not in (None, roles["X"]))
     assert took < bound, roles
     assert [actor for _, actor in roles["acted"]] == [roles["X"], None, roles["S"]], roles
+
+
+async def successor_crashes_as_it_takes_over(stage: Stage) -> dict[str, object]:
+    """A client holds A for three expiries, its peer homed at X. X crashes and stays down; the
+    moment S, next in the ring, acts for the peer's slot, S crashes too and starts again 0.1 s
+    later. Returns the roles, when S crashed, and who acted for the slot from then on."""
+    history = stage.history
+    acted: list[tuple[float, str | None]] = []
+    async with stage.client("c0", list(stage.ids)) as client:
+        history.asked("c0.0", "A", 1)
+        async with client.lock("A") as lease:
+            history.granted("c0.0", "A", 1, lease.fencing_token, lease.peer_id)
+            slot = slot_of(peer_key(lease.peer_id))
+            x = stage.home_of(lease.peer_id)
+            s = stage.next_for(peer_key(lease.peer_id), without=x)
+            began = trio.current_time()
+            stage.crash(x)
+            while stage.acting_for(slot) != s and trio.current_time() < began + EXPIRES_IN:
+                await stage.sleep(0.05)
+            stage.crash(s)
+            crashed = trio.current_time()
+            await stage.sleep(0.1)
+            stage.start_soon(s)
+            while trio.current_time() < began + 3 * EXPIRES_IN:
+                actor = stage.acting_for(slot)
+                if not acted or acted[-1][1] != actor:
+                    acted.append((trio.current_time() - crashed, actor))
+                await stage.sleep(0.05)
+            history.released("c0.0", "A", 1, lost=lease.lost)
+    stage.heal()
+    return {"X": x, "S": s, "acted": acted}
+
+
+def test_a_member_that_crashes_as_it_takes_over_and_comes_back_holds_the_slot_from_nobody():
+    """Five-node seed 811107053 (`--with skew,freeze,overlap,wall --availability`), pinned: S
+    took the slot of X, which had crashed, and crashed at once; its dead life's lease kept the
+    next member out for a lease more, and the heartbeated lease ran out. Now S's next life asks
+    to recover, which ends its dead life's leases: the next member acts well within a lease."""
+    roles: dict[str, object] = {}
+
+    async def script(stage: Stage) -> None:
+        roles.update(await successor_crashes_as_it_takes_over(stage))
+
+    history = run_script(script, seed=0)
+    trace = "\n".join(history.lines())
+    assert check_history(history, CONFIG, EXPIRES_IN) == [], trace
+    lease = CONFIG.cluster.lease or CONFIG.cluster.down_after
+    took = next(at for at, actor in roles["acted"] if actor not in (None, roles["X"], roles["S"]))
+    assert took < lease / 2, roles
