@@ -23,7 +23,7 @@ CAUGHT = {
     "expiry-early": (31, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (2, r"\[rate-gossip\] [\d.]+: n\d said sorry to \d of gossip"),
     "fifo-skipped-for-small-counts": (1, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
-    "duplicated-grant-on-retry": (0, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
+    "duplicated-grant-on-retry": (1, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
     "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
     "leased-keys-start-whole": (2, r"\[rate-lease\] [\d.]+: leased 'k\d' admitted \d+ from"),
     "tokens-shared-by-concurrent-holders": (
@@ -36,7 +36,8 @@ CAUGHT = {
     ),
     "rate-limits-on-the-stepped-time-of-day": (
         0,
-        r"\[rate-window\] [\d.]+: n\d \(life \d+\) admitted \d > 3 of exact 'k\d' in one window",
+        r"\[rate-(window|gossip)\] [\d.]+: n\d \(life \d+\) admitted \d > \d of \w+ 'k\d' in one "
+        r"window",
     ),
     "handover-window-by-the-senders-clock": (
         13,
@@ -85,9 +86,14 @@ def test_without_a_planted_bug_those_seeds_pass_with_wall(wall_seeds_without_bug
 
 # A known gap, open: since eade7b0 (a slow member is named for no slot) no seed of 0 to 269,
 # nor of 0 to 31 with the extra fault kinds, catches this bug (at 62c73b3, seed 2 of 0 to 31
-# did). Strict: the test fails the day seed 2 catches it again.
+# did, by chance). The workload fills gossip's key k0 (5 a second) in nearly every window, so a
+# sorry said on an event counted twice is one the clients' history cannot tell from a sorry
+# said on a full window: on seed 2, in both windows where the network repeats messages, the
+# goes the clients saw already reach the limit. Strict: the test fails the day seed 2 catches
+# it again.
 LOST_TEETH = {
-    "gossip-merged-by-sum": "no seed within the budget catches it since eade7b0; cause unknown",
+    "gossip-merged-by-sum": "the workload fills the gossip key's windows: a sorry said on an "
+    "event counted twice looks like one said on a full window",
 }
 
 
