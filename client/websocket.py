@@ -283,6 +283,11 @@ def _message(opcode: int, data: bytes) -> Message | TextMessage:
         raise ProtocolError(CLOSE_INVALID_DATA, "a text message that is not UTF-8") from None
 
 
+def close_payload(code: int, reason: str) -> bytes:
+    """A close frame's body: the code, then the reason cut to fit a control frame."""
+    return code.to_bytes(2, "big") + reason.encode()[:123]
+
+
 def _close(payload: bytes) -> Close:
     """A close frame's body: none (1005, "no status"), or a code that may be sent and a UTF-8
     reason."""
@@ -361,10 +366,9 @@ class WebSocket:
     async def _close(self, code: int, reason: str, why: str) -> None:
         """Send a close frame (as far as the socket takes it in `CLOSE_TIMEOUT`), then close."""
         self.closed = self.closed or why
-        payload = code.to_bytes(2, "big") + reason.encode()[:123]
         try:
             with anyio.move_on_after(CLOSE_TIMEOUT):
-                await self._send(frame(CLOSE, payload, os.urandom(4)))
+                await self._send(frame(CLOSE, close_payload(code, reason), os.urandom(4)))
         except WebSocketClosed:
             pass
         finally:

@@ -147,10 +147,9 @@ class SlotLeases:
         self.retry_at = [-math.inf] * SLOTS
         self._backoff = [self.lease / 8] * SLOTS
         # Per slot this node is second for, since when (under its present owner), and when
-        # that owner last resigned it, under which ballot that acted.
+        # that owner last resigned it, and the ballot it had acted under.
         self._second_since = [math.inf] * SLOTS
-        self._handed_at = [-math.inf] * SLOTS
-        self._handed_ballot = [NO_BALLOT] * SLOTS
+        self._handed: list[tuple[float, Ballot]] = [(-math.inf, NO_BALLOT)] * SLOTS
         # Slots waiting for their previous owner's promise before they adopt a state.
         self._awaiting_previous: set[int] = set()
         # Slots to resign once their writes are committed.
@@ -196,9 +195,8 @@ class SlotLeases:
         preparer it hears), or after this node became second for it; at once if the owner
         resigned it since."""
         since = max(self._acceptor.slots[slot].heard_at, self._second_since[slot])
-        if self._handed_at[slot] >= since:
-            return self._handed_at[slot]
-        return since + self.lease
+        handed_at, _ = self._handed[slot]
+        return handed_at if handed_at >= since else since + self.lease
 
     def _takes_over(self, now: float) -> list[int]:
         """The slots this node is second for that it may take now, leaving out when."""
@@ -296,7 +294,7 @@ class SlotLeases:
             if slot not in self.owned:
                 self.retry_at[slot] = now
         elif named == ballot.member and slot in self._placement.seconded:
-            self._handed_at[slot], self._handed_ballot[slot] = now, ballot
+            self._handed[slot] = (now, ballot)
             self.retry_at[slot] = now
         else:
             return
@@ -327,7 +325,7 @@ class SlotLeases:
             if answer.lease_left > 0 and owned.phase == PREPARING:
                 owned.refused_by_lease.add(sender)
                 owned.lease_left = max(owned.lease_left, answer.lease_left)
-                resigned = answer.promised == self._handed_ballot[slot]
+                resigned = answer.promised == self._handed[slot][1]
                 if owned.takeover and not resigned and self._served_by_another(owned):
                     self.lose(slot, now, resigned=False)
                     self.retry_at[slot] = now + self.lease * self._rng.uniform(1.0, 1.5)

@@ -45,6 +45,7 @@ from sluicegate.client.websocket import (
     Ping,
     ProtocolError,
     TextMessage,
+    close_payload,
     frame,
     handshake_request,
 )
@@ -105,15 +106,15 @@ class WebSocket:
                     data = b""
                 if data:
                     self._reader.feed(data)
-                elif self.closed is None:
-                    self.closed = CloseReason(ABNORMAL, "the connection was lost")
+                else:
+                    self._lost()
 
     async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
         """Send a close frame (unless the connection closed already) and close the stream."""
         try:
             if self.closed is None:
                 self.closed = CloseReason(code, reason)
-                await self._send_frame(CLOSE, _close_body(code, reason or ""))
+                await self._send_frame(CLOSE, close_payload(code, reason or ""))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
@@ -129,7 +130,7 @@ class WebSocket:
         self.closed = CloseReason(error.code, error.reason)
         readable = error.code == CLOSE_TOO_BIG
         try:
-            await self._send_frame(CLOSE, _close_body(error.code, error.reason))
+            await self._send_frame(CLOSE, close_payload(error.code, error.reason))
             with trio.move_on_after(CLOSE_TIMEOUT):
                 while not (readable and isinstance(self._next_or_none(), Close)):
                     data = await _receive(self._stream)
@@ -155,7 +156,7 @@ class WebSocket:
     async def _closed_by_the_other_end(self, close: Close) -> None:
         if self.closed is None:
             self.closed = CloseReason(close.code, close.reason or None)
-            body = b"" if close.code == NO_STATUS else _close_body(close.code, close.reason)
+            body = b"" if close.code == NO_STATUS else close_payload(close.code, close.reason)
             await self._send_control(CLOSE, body)
         await self._stream.aclose()
 
@@ -165,8 +166,7 @@ class WebSocket:
         try:
             await self._send_frame(opcode, payload)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            if self.closed is None:
-                self.closed = CloseReason(ABNORMAL, "the connection was lost")
+            self._lost()
             raise ConnectionClosed(self.closed) from None
 
     async def _send_control(self, opcode: int, payload: bytes) -> None:
@@ -174,8 +174,11 @@ class WebSocket:
         try:
             await self._send_frame(opcode, payload)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            if self.closed is None:
-                self.closed = CloseReason(ABNORMAL, "the connection was lost")
+            self._lost()
+
+    def _lost(self) -> None:
+        if self.closed is None:
+            self.closed = CloseReason(ABNORMAL, "the connection was lost")
 
     async def _send_frame(self, opcode: int, payload: bytes) -> None:
         data = frame(opcode, payload, os.urandom(4) if self._client else None)
@@ -188,10 +191,6 @@ class WebSocket:
             await self._stream.send_all(data)
         finally:
             self._send_lock.release()
-
-
-def _close_body(code: int, reason: str) -> bytes:
-    return code.to_bytes(2, "big") + reason.encode()[:123]
 
 
 async def _send_all(stream: trio.abc.Stream, data: bytes) -> None:
