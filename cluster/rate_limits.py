@@ -217,6 +217,8 @@ class LimiterStats:
     sorry: int = 0
     # Retries answered with the go their first try got.
     repeated: int = 0
+    # Other nodes' go events merged into this node's keys (gossip mode), each once.
+    gossiped: int = 0
     # Admissions beyond the rule found when merging gossip (weight units).
     overshoot: float = 0.0
     # How old the newest gossiped event was when it arrived (seconds; clocks of two nodes).
@@ -535,6 +537,7 @@ class RateLimits:
             at = min(event.at, now)
             state = self._state(event.limiter, algorithm, event.key, at)
             stats = self.stats[event.limiter]
+            stats.gossiped += 1
             stats.overshoot += algorithm.consume(state, event.n, at)
             stats.gossip_lag = max(0.0, now - event.at)
 

@@ -82,6 +82,11 @@ class RateLimitCollector(Collector):
             "Age of the newest gossiped go event when it arrived (gossip mode; two clocks).",
             labels=["limiter"],
         )
+        gossiped = CounterMetricFamily(
+            "sluicegate_rate_limit_gossiped",
+            "Other nodes' go events this node merged into its keys (gossip mode), each once.",
+            labels=["limiter"],
+        )
         overshoot = CounterMetricFamily(
             "sluicegate_rate_limit_overshoot",
             "Admissions beyond the limiter's rule this node found when merging gossip (weight).",
@@ -99,10 +104,12 @@ class RateLimitCollector(Collector):
             decisions.add_metric([name, "sorry"], stats.sorry)
             waiting.add_metric([name], self._service.waiting[name])
             lag.add_metric([name], stats.gossip_lag)
+            gossiped.add_metric([name], stats.gossiped)
             overshoot.add_metric([name], stats.overshoot)
         yield decisions
         yield waiting
         yield lag
+        yield gossiped
         yield overshoot
         yield repeated
         yield GaugeMetricFamily(

@@ -217,8 +217,8 @@ def wait_healthy(url: str, timeout: float = 10.0) -> None:
 
 
 def gauge(node: NodeProcess, name: str, **labels: str) -> float | None:
-    """The value of a metric on a node's /metrics (with exactly these labels, if any); None if
-    absent or unreachable."""
+    """The value of a metric on a node's /metrics (with exactly these labels, if any, given in
+    the order the exposition writes them: by name); None if absent or unreachable."""
     try:
         with urllib.request.urlopen(f"{node.url}/metrics", timeout=2) as response:
             text = response.read().decode()
