@@ -27,11 +27,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sluicegate.cluster.ring import peer_key
+from sluicegate.cluster.slots import slot_of
 from sluicegate.node.config import NodeConfig
 
 from .history import Event, History
 from .node_clocks import NodeClocks
-from .servers import ServerLog
+from .servers import Gain, ServerLog
 
 # After the cluster is whole again, clients may still be backing off (at most 1 s) or moving on
 # from a node that answered unavailable (after 1 s); quiet starts once they cannot be.
@@ -46,7 +48,7 @@ def check_history(history: History, config: NodeConfig, expires_in: float) -> li
     quiet = quiet_times(history.events)
     return [
         *never_more_than_max(history, config),
-        *no_lease_lost(history, expires_in),
+        *no_lease_lost(history, expires_in, config.cluster.lease or config.cluster.down_after),
         *tokens_rise(history),
         *fenced_writes(history),
         *fifo(history, quiet),
@@ -113,10 +115,13 @@ def never_more_than_max(history: History, config: NodeConfig) -> list[str]:
     return violations
 
 
-def no_lease_lost(history: History, expires_in: float) -> list[str]:
-    """Every client heartbeats its leases, and one node fails at a time, so the majority can
-    always be reached: no lease may be lost, but by a client cut off from every node, or during
-    an outage (every link between nodes clogged), within an expiry before."""
+def no_lease_lost(history: History, expires_in: float, lease: float) -> list[str]:
+    """Every client heartbeats its leases, and a majority can always be reached: no lease may be
+    lost, but by a client cut off from every node, or during an outage (every link between nodes
+    clogged), within an expiry before; or where two members in a row went down while each acted
+    for the slot of the peer's home, within the expiry, and the second stayed down for a lease
+    (docs/cluster.md, "What this does not promise": each costs a takeover bound)."""
+    failed_in_a_row = _actors_failed_in_a_row(history, expires_in, lease)
     cut_off: dict[str, list[tuple[float, float]]] = {}
     started: dict[str, float] = {}
     for event in history.events:
@@ -141,8 +146,56 @@ def no_lease_lost(history: History, expires_in: float) -> list[str]:
     return [
         f"[lease] {e.at:.4f}: {e.who} lost its lease on {e.semaphore}"
         for e in history.events
-        if e.kind == "released" and e.detail == "lost" and not excused(e)
+        if e.kind == "released" and e.detail == "lost" and not (excused(e) or failed_in_a_row(e))
     ]
+
+
+def _actors_failed_in_a_row(history: History, expires_in: float, lease: float):
+    """Whether a lost lease (an event) falls under two failures in a row of the members acting
+    for its peer's home slot: within the expiry before it, a member that had gained the slot
+    (the last to) went down, another gained it after and went down too, before anyone else
+    gained it, and that one did not start again within a lease (a new life that asks to recover
+    ends its earlier life's leases at once: docs/cluster.md, "A lease ends with its life"). Who
+    acted is read from the servers (`Gain`s); down and up from the history."""
+    gains: dict[int, list] = defaultdict(list)
+    for gain in history.servers.gains:
+        gains[gain.slot].append(gain)
+    downs = [(e.at, e.who) for e in history.events if e.kind == "down"]
+    ups = [(e.at, e.who) for e in history.events if e.kind == "up"]
+
+    def acting_when_down(slot: int, since: float, until: float) -> list[tuple[float, Gain]]:
+        failures = []
+        for at, node in downs:
+            if not since <= at <= until:
+                continue
+            before = [g for g in gains[slot] if g.at <= at]
+            if before and before[-1].life[0] == node:
+                failures.append((at, before[-1]))
+        return failures
+
+    def failed(event) -> bool:
+        grants = [
+            e
+            for e in history.events
+            if e.kind == "granted"
+            and (e.who, e.semaphore) == (event.who, event.semaphore)
+            and e.at <= event.at
+        ]
+        if not grants:
+            return False
+        slot = slot_of(peer_key(grants[-1].peer_id))
+        failures = acting_when_down(slot, event.at - expires_in, event.at)
+        for first_at, first in failures:
+            for second_at, second in failures:
+                back = any(
+                    node == second.life[0] and second_at < at < second_at + lease
+                    for at, node in ups
+                )
+                if second.life != first.life and first_at < second.at and not back:
+                    return True
+        return False
+
+    return failed
 
 
 def tokens_rise(history: History) -> list[str]:

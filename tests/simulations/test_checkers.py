@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from simulations.checkers import (
     committed_writes_survive,
+    no_lease_lost,
     rate_exact_by_node_clocks,
     rate_retries_once,
     tokens_rise,
@@ -17,8 +18,9 @@ from simulations.rate_taps import Go, Taken
 from simulations.run import CONFIG
 from simulations.servers import Gain, ServerLog, Write, Writer, signature
 from simulations.workload import RateSend
+from sluicegate.cluster.ring import peer_key
 from sluicegate.cluster.semaphore_leases import LockRecord, SemaphoreRecord
-from sluicegate.cluster.slots import Ballot
+from sluicegate.cluster.slots import Ballot, slot_of
 
 RETRY_ID = 7
 
@@ -132,3 +134,40 @@ def test_a_hand_over_keeps_the_senders_last_window_in_true_time():
     assert violation.endswith("held 2, and 2 more went elsewhere before it ended: 4 > 3")
     history.deciders.goes[-1] = Go(11.2, ("n2", 1), "exact", "k0", 1)  # after n1's ended
     assert rate_exact_by_node_clocks(history, CONFIG) == []
+
+
+def two_actors_down(s_back_at: float | None) -> History:
+    """c0.0 holds B on peer 5, whose home slot n1 acts for from 1.0; n1 goes down at 10.0, n2
+    takes the slot at 11.7 and goes down at 11.75 (back at `s_back_at`, if any); the lease is
+    lost at 14.0."""
+    slot = slot_of(peer_key(5))
+    history = History(clock=lambda: 0.0)
+    history.events += [
+        Event(2.0, "granted", "c0.0", "B", 1, token=3, peer_id=5),
+        Event(10.0, "down", "n1"),
+        Event(11.75, "down", "n2"),
+        *([Event(s_back_at, "up", "n2")] if s_back_at is not None else []),
+        Event(14.0, "released", "c0.0", "B", 1, detail="lost"),
+    ]
+    history.servers.gains += [
+        Gain(1.0, ("n1", 1), slot, Ballot(1, 1, "n1"), Ballot(0, 0, ""), {}, False),
+        Gain(11.7, ("n2", 1), slot, Ballot(1, 2, "n2"), Ballot(1, 1, "n1"), {}, False),
+    ]
+    return history
+
+
+def test_a_lease_lost_to_two_acting_members_down_in_a_row_is_not_promised():
+    assert no_lease_lost(two_actors_down(None), 5.0, 2.0) == []
+    assert no_lease_lost(two_actors_down(13.9), 5.0, 2.0) == [], "back after a lease"
+
+
+def test_a_lease_lost_when_the_second_member_came_back_at_once_is_a_violation():
+    """Its new life's `Recover` ends its dead life's leases (five-node seed 811107053)."""
+    lost = ["[lease] 14.0000: c0.0 lost its lease on B"]
+    assert no_lease_lost(two_actors_down(11.85), 5.0, 2.0) == lost
+    history = two_actors_down(None)
+    history.servers.gains.pop()  # n2 never acted: one failure of an actor, one bound
+    assert no_lease_lost(history, 5.0, 2.0) == lost
+    history = two_actors_down(None)
+    history.events[1] = Event(8.5, "down", "n1")  # before the expiry's window
+    assert no_lease_lost(history, 5.0, 2.0) == lost
