@@ -153,14 +153,15 @@ def no_lease_lost(history: History, expires_in: float, lease: float) -> list[str
 def _actors_failed_in_a_row(history: History, expires_in: float, lease: float):
     """Whether a lost lease (an event) falls under two failures in a row of the members acting
     for its peer's home slot: within the expiry before it, a member that had gained the slot
-    (the last to) went down, another gained it after and went down too, before anyone else
+    (the last to) crashed, another gained it after and crashed too, before anyone else
     gained it, and that one did not start again within a lease (a new life that asks to recover
     ends its earlier life's leases at once: docs/cluster.md, "A lease ends with its life"). Who
     acted is read from the servers (`Gain`s); down and up from the history."""
     gains: dict[int, list] = defaultdict(list)
     for gain in history.servers.gains:
         gains[gain.slot].append(gain)
-    downs = [(e.at, e.who) for e in history.events if e.kind == "down"]
+    # A member that left resigned its slots first: the next one takes them at once.
+    downs = [(e.at, e.who) for e in history.events if e.kind == "down" and e.detail != "left"]
     ups = [(e.at, e.who) for e in history.events if e.kind == "up"]
 
     def acting_when_down(slot: int, since: float, until: float) -> list[tuple[float, Gain]]:

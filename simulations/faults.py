@@ -259,7 +259,7 @@ class Injector:
 
     async def _leave(self, victim: str, lasting: float) -> None:
         await self.cluster.nodes[victim].leave()
-        self.history.down(victim)
+        self.history.down(victim, left=True)
         await self._wait(lasting)
         await self.restart(victim)
 
@@ -517,7 +517,7 @@ class Injector:
         await node.leave()
         if not node.left:
             return  # a task of it raised: it is down already, and the heal starts it again
-        self.history.down(member)
+        self.history.down(member, left=True)
         self.fired["overlap:leave"] += 1
         if rng.random() < 0.5:
             await trio.sleep(rng.uniform(0.5, lasting))
@@ -600,5 +600,5 @@ class Injector:
         self.history.note(f"{joiner} leaves")
         await node.leave()
         if node.left:
-            self.history.down(joiner)
+            self.history.down(joiner, left=True)
         self.cluster.retire(joiner)

@@ -114,8 +114,10 @@ class History:
     def healed(self, kind: str, victim: str) -> None:
         self._add(Event(self._clock(), "healed", victim, detail=kind))
 
-    def down(self, node_id: str) -> None:
-        self._add(Event(self._clock(), "down", node_id))
+    def down(self, node_id: str, left: bool = False) -> None:
+        """A life of `node_id` ended: it crashed (or a task of it raised), or it `left`
+        gracefully (it resigned its slots first)."""
+        self._add(Event(self._clock(), "down", node_id, detail="left" if left else ""))
 
     def up(self, node_id: str) -> None:
         self._add(Event(self._clock(), "up", node_id))

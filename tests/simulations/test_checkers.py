@@ -171,3 +171,6 @@ def test_a_lease_lost_when_the_second_member_came_back_at_once_is_a_violation():
     history = two_actors_down(None)
     history.events[1] = Event(8.5, "down", "n1")  # before the expiry's window
     assert no_lease_lost(history, 5.0, 2.0) == lost
+    history = two_actors_down(None)
+    history.events[2] = Event(11.75, "down", "n2", detail="left")  # it resigned the slot
+    assert no_lease_lost(history, 5.0, 2.0) == lost

@@ -84,7 +84,7 @@ def test_a_faulty_member_leaves_gracefully_mid_burst_and_comes_back_a_member(run
     trace = Trace(runs["leave"], "overlap:leave")
     member = trace.next("note", detail=r"(n[123]) leaves").group(1)
     assert member in trace.faulty_now()
-    trace.next("down", member)
+    trace.next("down", member, "left")
     trace.next("up", member)  # its next life, later in the burst or at the heal
     trace.whole_after_the_heal()
 
@@ -110,7 +110,7 @@ def test_a_new_member_joins_mid_burst_and_leaves_at_the_heal(runs):
     trace.faulty_now()  # it joined within a burst
     trace.next("up", joiner)
     trace.next("note", detail=f"{joiner} leaves")
-    trace.next("down", joiner)
+    trace.next("down", joiner, "left")
     trace.whole_after_the_heal()  # whole without it: nobody counts it any more
 
 
