@@ -94,15 +94,13 @@ class Acceptor:
         """Extend the leases of an owner's slots (of its life `life`); tell it who asked for
         them in vain."""
         renewed, refused, promised, wanted, wanted_by = [], [], [], [], []
+        # An owner's ballots are its own: one member, one life.
+        gone = bool(ballots) and self._gone(ballots[0].member, life)
         for slot, ballot in zip(slots, ballots, strict=True):
             acceptor = self.slots[slot]
             # Refused or not: its owner is alive, and the member next in the ring leaves it be.
             acceptor.heard_at = now
-            if (
-                ballot < acceptor.promised
-                or acceptor.leased_to_other(ballot.member, now)
-                or self._gone(ballot.member, life)
-            ):
+            if gone or ballot < acceptor.promised or acceptor.leased_to_other(ballot.member, now):
                 refused.append(slot)
                 promised.append(acceptor.promised)
                 continue

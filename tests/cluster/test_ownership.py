@@ -1006,7 +1006,8 @@ def test_slots_spread_over_the_members():
     assert sum(acting) == SLOTS and min(acting) > SLOTS / 3 * 0.6
 
 
-def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
+def acceptor_of_three() -> tuple[Ownership, int]:
+    """n1, ready, as the acceptor of a slot the ring names n3 for."""
     core = Ownership(
         "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
     )
@@ -1014,6 +1015,11 @@ def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
     core._become_ready(5, 0.0, cold=True)
     slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
     core.outbox()
+    return core, slot
+
+
+def test_requests_go_to_the_live_lessee_a_node_knows_of_else_to_the_ring():
+    core, slot = acceptor_of_three()
     core.receive("n2", Prepare(slot, Ballot(5, 9, "n2"), 1), 0.5)  # n2 holds its lease now
     assert core.actor_of(slot, 0.6) == "n2"
     assert core.actor_of(slot, 1.6) == "n3"  # the lease ran out: whom the ring names
@@ -1080,18 +1086,6 @@ def test_a_copy_keeps_locks_as_values_the_garbage_collector_does_not_walk():
         lock_key("B", peer_id): LockRecord("B", peer_id, 1, 1, 0, True, peer_id)
         for peer_id in range(2000)
     } | {"s:B": SemaphoreRecord("B", 7, 2000)}
-
-
-def acceptor_of_three() -> tuple[Ownership, int]:
-    """n1, ready, as the acceptor of a slot the ring names n3 for."""
-    core = Ownership(
-        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
-    )
-    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
-    core._become_ready(5, 0.0, cold=True)
-    slot = next(s for s in range(SLOTS) if core.owner_of(s) == "n3")
-    core.outbox()
-    return core, slot
 
 
 def answer_to(core: Ownership, sender: str, message: object, now: float) -> object:

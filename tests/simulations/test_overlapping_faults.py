@@ -24,7 +24,8 @@ by when C holds the grant; the last test plants the old reading back and sees th
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from functools import cache
 from unittest.mock import patch
 
@@ -271,23 +272,47 @@ def test_lives_that_count_only_the_members_they_know_lose_the_clusters_state(
     assert any(v.startswith("[o2]") for v in violations_of(history)), "\n".join(history.lines())
 
 
-async def restart_heard_by_one(stage: Stage) -> dict[str, str]:
-    """A client holds A for three leases, its peer homed at X. X crashes and starts again at
-    once, cut off from every member but Y, which is not the member the ring names for the
-    peer's slot once X is gone (S is). X's new life cannot recover: it reads Y alone."""
+@asynccontextmanager
+async def c0_holds_a(stage: Stage) -> AsyncIterator[tuple[int, str, str]]:
+    """c0 holds A while the block runs (its grant and its release, lost or not, in the
+    history); yields the slot of its peer, the peer's home X, and S, the member the ring names
+    for that slot once X is gone."""
     history = stage.history
     async with stage.client("c0", list(stage.ids)) as client:
         history.asked("c0.0", "A", 1)
         async with client.lock("A") as lease:
             history.granted("c0.0", "A", 1, lease.fencing_token, lease.peer_id)
             x = stage.home_of(lease.peer_id)
+            assert x is not None
             s = stage.next_for(peer_key(lease.peer_id), without=x)
-            y = next(m for m in stage.ids if m not in (x, s))
-            cut_off = [m for m in stage.ids if m not in (x, y)]
-            await stage.play([(0.0, "crash", x), *[(0.0, "cut", x, o) for o in cut_off]])
-            await stage.start(x)
-            await stage.sleep(3 * EXPIRES_IN)
+            assert s is not None
+            yield slot_of(peer_key(lease.peer_id)), x, s
             history.released("c0.0", "A", 1, lost=lease.lost)
+
+
+async def actors_until(
+    stage: Stage, slot: int, since: float, until: float
+) -> list[tuple[float, str | None]]:
+    """Who acts for `slot` from now until `until`: each change, at its time after `since`."""
+    acted: list[tuple[float, str | None]] = []
+    while trio.current_time() < until:
+        actor = stage.acting_for(slot)
+        if not acted or acted[-1][1] != actor:
+            acted.append((trio.current_time() - since, actor))
+        await stage.sleep(0.05)
+    return acted
+
+
+async def restart_heard_by_one(stage: Stage) -> dict[str, str]:
+    """A client holds A for three leases, its peer homed at X. X crashes and starts again at
+    once, cut off from every member but Y, which is not the member the ring names for the
+    peer's slot once X is gone (S is). X's new life cannot recover: it reads Y alone."""
+    async with c0_holds_a(stage) as (_, x, s):
+        y = next(m for m in stage.ids if m not in (x, s))
+        cut_off = [m for m in stage.ids if m not in (x, y)]
+        await stage.play([(0.0, "crash", x), *[(0.0, "cut", x, o) for o in cut_off]])
+        await stage.start(x)
+        await stage.sleep(3 * EXPIRES_IN)
     stage.heal()
     return {"X": x, "Y": y, "S": s}
 
@@ -318,27 +343,14 @@ async def home_clogged_but_heard(
     of the clogged; with `another_down`, a member that is neither crashed 1.5 s before the clog,
     so that S's quorum needs Y. Returns the roles, and when the slot was acted for by whom, from
     the clog on."""
-    history = stage.history
-    acted: list[tuple[float, str | None]] = []
-    async with stage.client("c0", list(stage.ids)) as client:
-        history.asked("c0.0", "A", 1)
-        async with client.lock("A") as lease:
-            history.granted("c0.0", "A", 1, lease.fencing_token, lease.peer_id)
-            slot = slot_of(peer_key(lease.peer_id))
-            x = stage.home_of(lease.peer_id)
-            s = stage.next_for(peer_key(lease.peer_id), without=x)
-            y = s if successor_hears_home else next(m for m in stage.ids if m not in (x, s))
-            if another_down:
-                stage.crash(next(m for m in stage.ids if m not in (x, y, s)))
-                await stage.sleep(1.5)
-            began = trio.current_time()
-            await stage.play([(0.0, "clog", x, m) for m in stage.ids if m not in (x, y)])
-            while trio.current_time() < began + 3 * EXPIRES_IN:
-                actor = stage.acting_for(slot)
-                if not acted or acted[-1][1] != actor:
-                    acted.append((trio.current_time() - began, actor))
-                await stage.sleep(0.05)
-            history.released("c0.0", "A", 1, lost=lease.lost)
+    async with c0_holds_a(stage) as (slot, x, s):
+        y = s if successor_hears_home else next(m for m in stage.ids if m not in (x, s))
+        if another_down:
+            stage.crash(next(m for m in stage.ids if m not in (x, y, s)))
+            await stage.sleep(1.5)
+        began = trio.current_time()
+        await stage.play([(0.0, "clog", x, m) for m in stage.ids if m not in (x, y)])
+        acted = await actors_until(stage, slot, began, began + 3 * EXPIRES_IN)
     stage.heal()
     return {"X": x, "Y": y, "S": s, "acted": acted}
 
@@ -377,29 +389,16 @@ async def successor_crashes_as_it_takes_over(stage: Stage) -> dict[str, object]:
     """A client holds A for three expiries, its peer homed at X. X crashes and stays down; the
     moment S, next in the ring, acts for the peer's slot, S crashes too and starts again 0.1 s
     later. Returns the roles, when S crashed, and who acted for the slot from then on."""
-    history = stage.history
-    acted: list[tuple[float, str | None]] = []
-    async with stage.client("c0", list(stage.ids)) as client:
-        history.asked("c0.0", "A", 1)
-        async with client.lock("A") as lease:
-            history.granted("c0.0", "A", 1, lease.fencing_token, lease.peer_id)
-            slot = slot_of(peer_key(lease.peer_id))
-            x = stage.home_of(lease.peer_id)
-            s = stage.next_for(peer_key(lease.peer_id), without=x)
-            began = trio.current_time()
-            stage.crash(x)
-            while stage.acting_for(slot) != s and trio.current_time() < began + EXPIRES_IN:
-                await stage.sleep(0.05)
-            stage.crash(s)
-            crashed = trio.current_time()
-            await stage.sleep(0.1)
-            stage.start_soon(s)
-            while trio.current_time() < began + 3 * EXPIRES_IN:
-                actor = stage.acting_for(slot)
-                if not acted or acted[-1][1] != actor:
-                    acted.append((trio.current_time() - crashed, actor))
-                await stage.sleep(0.05)
-            history.released("c0.0", "A", 1, lost=lease.lost)
+    async with c0_holds_a(stage) as (slot, x, s):
+        began = trio.current_time()
+        stage.crash(x)
+        while stage.acting_for(slot) != s and trio.current_time() < began + EXPIRES_IN:
+            await stage.sleep(0.05)
+        stage.crash(s)
+        crashed = trio.current_time()
+        await stage.sleep(0.1)
+        stage.start_soon(s)
+        acted = await actors_until(stage, slot, crashed, began + 3 * EXPIRES_IN)
     stage.heal()
     return {"X": x, "S": s, "acted": acted}
 
