@@ -96,13 +96,15 @@ class Ownership:
         era_floor: int,
         rng: random.Random,
         now: float,
+        adopted: Callable[[list[Record]], list[Record]] = list,
     ) -> None:
         """`life`: this life's generation (what the membership knows it by), which the leases
         it is promised are for; `lease`: how long an acceptor's lease promise lasts; `settle`:
         how long a new life learns the voters before it decides anything about recovery;
         `era_floor`: the least era a cold start this life takes part in may pick (above the era
         its previous lives kept on disk, if the node keeps one, and at least the wall clock in
-        milliseconds)."""
+        milliseconds); `adopted`: what a new owner writes of the records of the copy it adopted
+        (the homes raise their peers' tickets: `cluster.peers.raise_tickets`)."""
         self.me = me
         self.lease = lease
         # The era this life is in, and whether it answers as an acceptor yet.
@@ -128,6 +130,7 @@ class Ownership:
             deadline_moved=self._deadline_moved,
             # Looked up at each take, so that a planted bug (simulations/planted.py) replaces it.
             choose_copy=lambda promises: latest(promises),
+            adopted=adopted,
         )
         self.recovery = Recovery(
             me,

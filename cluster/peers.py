@@ -21,7 +21,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Final, cast, overload
+from typing import Final, TypeVar, cast, overload
 
 from .errors import (
     AlreadyPending,
@@ -80,6 +80,24 @@ class PeerRecord:
     def aged(self, elapsed: float) -> PeerRecord:
         """This record `elapsed` seconds later, after a hop (`STRETCH`)."""
         return replace(self, expires_in=max(0.0, self.expires_in * STRETCH - elapsed))
+
+
+R = TypeVar("R")
+
+# How far a new home raises each peer's next ticket (`raise_tickets`): above every ticket the
+# homes before it may have sent ahead of its write.
+TICKET_GAP = 2**20
+
+
+def raise_tickets(records: list[R]) -> list[R]:
+    """What a new owner of a slot writes of the copy it adopted: every peer's next ticket
+    `TICKET_GAP` higher (docs/cluster.md, "Tickets across homes")."""
+    return [
+        cast(R, replace(r, next_ticket=r.next_ticket + TICKET_GAP))
+        if isinstance(r, PeerRecord)
+        else r
+        for r in records
+    ]
 
 
 @dataclass(frozen=True)

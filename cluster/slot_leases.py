@@ -120,11 +120,13 @@ class SlotLeases:
         events: list[Event],
         deadline_moved: Callable[[], None],
         choose_copy: Callable[[Iterable[Promise]], Promise | None],
+        adopted: Callable[[list[Record]], list[Record]],
     ) -> None:
         """`life`: this life's generation, which the leases it is promised are for;
         `acceptor`: this node's own, which holds what it wrote; `events`: where `Gained` and
         `Lost` go; `deadline_moved`: called whenever a deadline of `deadlines` may have;
-        `choose_copy`: which promised copy a new owner adopts (`latest`)."""
+        `choose_copy`: which promised copy a new owner adopts (`latest`); `adopted`: what it
+        writes of that copy's records."""
         self.me = me
         self.life = life
         self.lease = lease
@@ -136,6 +138,7 @@ class SlotLeases:
         self._events = events
         self._deadline_moved = deadline_moved
         self._choose_copy = choose_copy
+        self._adopted = adopted
         # The slots this node takes or holds.
         self.owned: dict[int, OwnedSlot] = {}
         # What its writes settled of each departed member (cluster/departures.py).
@@ -381,7 +384,7 @@ class SlotLeases:
             return
         self._awaiting_previous.discard(slot)
         self._deadline_moved()
-        records = best.records if best is not None else []
+        records = self._adopted(list(best.records)) if best is not None else []
         owned.adopted = best.accepted if best is not None else NO_BALLOT
         owned.cold = best is None
         owned.phase = WRITING

@@ -31,6 +31,7 @@ from sluicegate.cluster.auth import Credentials
 from sluicegate.cluster.dns_seeds import DnsSeeds, is_dns_entry, parse_dns_entry
 from sluicegate.cluster.membership import Gossip, Membership
 from sluicegate.cluster.ownership import Ownership
+from sluicegate.cluster.peers import raise_tickets
 from sluicegate.cluster.rate_limits import RateEvents, RateHandover, RateLimits, RateOperation
 from sluicegate.cluster.semaphores import SemaphoreCore
 from sluicegate.cluster.shard import Shard
@@ -239,6 +240,7 @@ class Node:
             era_floor=max(seams.epoch(), kept.era + 1),
             rng=rng,
             now=seams.clock.now(),
+            adopted=raise_tickets,
         )
         shard = Shard(
             node_id,

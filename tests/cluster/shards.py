@@ -14,6 +14,7 @@ import random
 from collections import deque
 
 from sluicegate.cluster.ownership import Ownership
+from sluicegate.cluster.peers import raise_tickets
 from sluicegate.cluster.semaphore_leases import SemaphoreConfig
 from sluicegate.cluster.semaphore_ops import Operation
 from sluicegate.cluster.shard import Answer, Shard
@@ -49,19 +50,20 @@ class Shards:
     # -- the cluster ------------------------------------------------------------------------
 
     def start(self, node_id: str) -> Shard:
+        life = self.lives[node_id] = next(self._lives)
         ownership = Ownership(
             node_id,
-            life=1,
+            life=life,
             lease=LEASE,
             settle=LEASE,
             era_floor=1000,
             rng=random.Random(self.rng.getrandbits(32)),
             now=self.now,
+            adopted=raise_tickets,
         )
         config = self.configs.get(node_id, self.config)
         shard = Shard(node_id, config, ownership, random.Random(self.rng.getrandbits(32)))
         self.nodes[node_id] = shard
-        self.lives[node_id] = next(self._lives)
         for pair in [p for p in self.queues if node_id in p]:
             del self.queues[pair]  # a new life: nothing was said to it, nor by it
         self._members()

@@ -8,7 +8,7 @@ from sluicegate.cluster.errors import NotServing, NotServingCutOff, StaleOperati
 from sluicegate.cluster.home import DECISION_TIMEOUT
 from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRestore
 from sluicegate.cluster.parked import STOP_CHUNK
-from sluicegate.cluster.peers import EXPIRE_CHUNK
+from sluicegate.cluster.peers import EXPIRE_CHUNK, TICKET_GAP
 from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import SemaphoreConfig
 from sluicegate.cluster.semaphore_ops import (
@@ -156,6 +156,24 @@ def test_peers_survive_their_homes_death_and_keep_their_leases():
     cluster.run(4.0)  # past the expiry the record alone would have
     assert cluster.call(IsAcquired(peer)).result is True
     assert cluster.call(Remainder("A")).result == 0
+
+
+def test_a_new_home_asks_with_tickets_above_any_the_homes_before_it_may_have_sent():
+    """A home may send a lock request ahead of the write that records its ticket; the next
+    home, which may never have seen that write, must not number another request the same: the
+    takeover's write raises every peer's next ticket by `TICKET_GAP`."""
+    cluster = Shards(CONFIG, NODES)
+    peer = new_peer(cluster, expires_in=5.0)
+    assert granted(cluster.call(Acquire(peer, "A", 1)))
+    home = cluster.target(Heartbeat(peer, 1))
+    first = cluster.nodes[home].home.peers.ticket(peer, "A")
+    cluster.call(ReleaseLock(peer, "A"))
+    cluster.kill(home)
+    cluster.run(3 * LEASE)
+    assert cluster.target(Heartbeat(peer, 1)) != home
+    assert granted(cluster.call(Acquire(peer, "A", 1)))
+    again = cluster.nodes[cluster.target(Heartbeat(peer, 1))].home.peers.ticket(peer, "A")
+    assert again >= first + TICKET_GAP
 
 
 def test_an_acquire_with_no_lifetime_is_answered_and_its_release_seen_at_once():
