@@ -7,7 +7,8 @@ A tap on each life's `Ownership` (cluster/ownership.py) records, without changin
   whether it was whole, and each record it carried (its key and what it says) or dropped;
 * every version its `CommitGate` was told is committed, and under which ballot (the ballot of
   the life's latest own write of that slot: a gate is told only of the writer's versions);
-* every `Gained`: the records the life acts on from then on.
+* every `Gained`: the records the life acts on from then on, as the copy it adopted held them
+  (its first write raised every peer's next ticket).
 
 Records are kept as signatures, taken when they pass: a peer's remaining lifetime shrinks as a
 copy ages, so it is left out of what a peer record says. Nothing goes into the history's
@@ -16,12 +17,12 @@ events, so a run's trace (and its hash) stays as it was without the tap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import trio
 
 from sluicegate.cluster.ownership import Gained
-from sluicegate.cluster.peers import PeerRecord
+from sluicegate.cluster.peers import TICKET_GAP, PeerRecord
 from sluicegate.cluster.replication import Accept
 from sluicegate.cluster.slots import Ballot
 
@@ -29,6 +30,14 @@ from sluicegate.cluster.slots import Ballot
 Life = tuple[str, int]
 # What a record says, as a hashable value (`signature`).
 Signature = tuple
+
+
+def adopted(record):
+    """A gained record as the copy adopted held it: a new owner raised every peer's next
+    ticket in its first write (cluster/peers.py, `raise_tickets`)."""
+    if isinstance(record, PeerRecord):
+        return replace(record, next_ticket=record.next_ticket - TICKET_GAP)
+    return record
 
 
 def signature(record) -> Signature:
@@ -116,7 +125,7 @@ class ServerLog:
             happened = events()
             for event in happened:
                 if isinstance(event, Gained):
-                    records = {record.key: signature(record) for record in event.records}
+                    records = {record.key: signature(adopted(record)) for record in event.records}
                     self.gains.append(
                         Gain(
                             trio.current_time(),
