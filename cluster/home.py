@@ -46,7 +46,7 @@ from .lock_messages import (
     LockTaken,
     OwnerToHome,
 )
-from .peers import EXPIRE_CHUNK, AskOwner, PeerRecord, PeerTable
+from .peers import EXPIRE_CHUNK, FIRST_TICKET, TICKET_GAP, AskOwner, PeerRecord, PeerTable
 from .ring import peer_key
 from .semaphore_leases import SemaphoreConfig
 from .slots import STRETCH, slot_of
@@ -137,6 +137,11 @@ class Home:
         # to send them again.
         self._unconfirmed: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0), graveyard)
         self._resend: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0), graveyard)
+        # Per peer, its next ticket when this node began to serve it (its slot gained, or the
+        # peer new): a request numbered less than `TICKET_GAP` above it leaves ahead of its
+        # write (`ahead`).
+        self._first_ticket: dict[int, int] = {}
+        self._ahead: list[tuple[str, object]] = []
         # Changed or gone since the last `changed()`: to be written.
         self._dirty: set[int] = set()
         self._gone: set[int] = set()
@@ -152,6 +157,9 @@ class Home:
     def gain(self, records: Iterable[PeerRecord], now: float) -> None:
         """Serve the peers of `records` from now on; ask again for their pending locks."""
         self._now = now
+        records = list(records)
+        for record in records:
+            self._first_ticket[record.peer_id] = record.next_ticket
         for peer_id in self.peers.load(records, now):
             for _, name, _, waiting, _ in self.peers.locks([peer_id]):
                 if waiting:
@@ -166,6 +174,8 @@ class Home:
             for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend)
             if deadlines
         ]
+        for peer_id in gone:
+            self._first_ticket.pop(peer_id, None)
         if gone and (timers or self._dirty or self._gone):
             gone_set = set(gone)
             self._dirty = _without(self._dirty, gone_set)
@@ -181,6 +191,7 @@ class Home:
     ) -> int:
         expires_at = now + lease * STRETCH
         peer_id = self.peers.new_peer(expires_at, rng, homed_here=homed, lease=lease, key=key)
+        self._first_ticket[peer_id] = FIRST_TICKET
         self._dirty.add(peer_id)
         return peer_id
 
@@ -216,7 +227,9 @@ class Home:
         if not isinstance(decision, AskOwner):
             return decision
         self._deciding.set(peer_id, now + DECISION_TIMEOUT)
-        self._tell_owner(peer_id, semaphore, now)
+        first = self._first_ticket.get(peer_id, -TICKET_GAP)
+        ahead = decision.ticket < first + TICKET_GAP and not self._unconfirmed.has_peer(peer_id)
+        self._tell_owner(peer_id, semaphore, now, ahead)
         return None
 
     def release_lock(self, peer_id: int, semaphore: str, op: int | None, now: float) -> None:
@@ -359,11 +372,20 @@ class Home:
         outbox, self._outbox = self._outbox, []
         return outbox
 
+    def ahead(self) -> list[tuple[str, object]]:
+        """Requests that may leave before the writes of this step are committed: each the first
+        its peer asks for under its ticket, numbered less than `TICKET_GAP` above the peer's
+        ticket when this node began to serve it, of a peer with no release its owner has not
+        confirmed (docs/cluster.md, "A request goes with its write")."""
+        ahead, self._ahead = self._ahead, []
+        return ahead
+
     # -- internals --------------------------------------------------------------------------
 
-    def _tell_owner(self, peer_id: int, name: str, now: float) -> None:
+    def _tell_owner(self, peer_id: int, name: str, now: float, ahead: bool = False) -> None:
         """Send the lock as it stands to its owner: a request while it waits, a restore while
-        it is held. Until an owner answers, it goes again every `RETRY_INTERVAL`."""
+        it is held (`ahead`: a new request, sent with its write). Until an owner answers, it
+        goes again every `RETRY_INTERVAL`."""
         ticket = self.peers.ticket(peer_id, name)
         if ticket is None:
             self._due.pop((peer_id, name))
@@ -378,7 +400,7 @@ class Home:
         self._due.set((peer_id, name), now + RETRY_INTERVAL)
         owner = self._owner_of(name)
         if owner is not None:
-            self._outbox.append((owner, message))
+            (self._ahead if ahead else self._outbox).append((owner, message))
 
     def _release(self, peer_id: int, name: str, ticket: int, now: float) -> None:
         self._due.pop((peer_id, name))
@@ -402,6 +424,7 @@ class Home:
         self, peer_id: int, locks: list[tuple[str, int]], expired: bool, now: float
     ) -> None:
         self._deciding.pop(peer_id)
+        self._first_ticket.pop(peer_id, None)
         self._gone.add(peer_id)
         self._dirty.discard(peer_id)
         self._events.append(Removed(peer_id, expired))

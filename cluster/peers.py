@@ -84,6 +84,9 @@ class PeerRecord:
 
 R = TypeVar("R")
 
+# A new peer's first ticket.
+FIRST_TICKET = 1
+
 # How far a new home raises each peer's next ticket (`raise_tickets`): above every ticket the
 # homes before it may have sent ahead of its write.
 TICKET_GAP = 2**20
@@ -219,7 +222,7 @@ class PeerTable:
                 peer_id = stamped(key, peer_id)
             if peer_id not in self._peers and homed_here(peer_id):
                 break
-        self._add(peer_id, (expires_at, lease, 0, (), None, (), (), 1))
+        self._add(peer_id, (expires_at, lease, 0, (), None, (), (), FIRST_TICKET))
         return peer_id
 
     def numbered(self, peer_id: int, op: int | None) -> None:

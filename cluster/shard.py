@@ -441,6 +441,12 @@ class Shard:
         self._home_events(now)
         for member, message in [*self.home.outbox(), *self.owner.outbox()]:
             self._send(member, message)
+        # A home's new lock request goes with the write of its ticket, not after it.
+        for member, message in self.home.ahead():
+            if member == self.me:
+                self._local.append(message)
+            else:
+                self._outbox.append((member, message))
         self._write(now)
 
     def _slot_events(self, now: float) -> None:

@@ -399,7 +399,7 @@ def test_a_home_asks_again_about_waiting_locks_a_chunk_a_step():
     peers = [home.new_peer(0.0, 600.0, rng, lambda peer_id: True) for _ in range(1200)]
     for peer_id in peers:
         assert home.acquire(peer_id, "B", 1, 0.0, None, None) is None
-    assert len(home.outbox()) == 1200
+    assert len(home.ahead()) == 1200  # new requests, each with its write
     for peer_id in peers:
         home.receive("owner", LockAnswer(peer_id, "B", 1, False, 0), now=0.1)
     due_at = settled_deadline(home)
