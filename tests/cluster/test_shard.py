@@ -4,9 +4,11 @@ sockets."""
 
 from __future__ import annotations
 
+import random
+
 from sluicegate.cluster.errors import NotServing, NotServingCutOff, StaleOperation, UnknownPeer
-from sluicegate.cluster.home import DECISION_TIMEOUT
-from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRestore
+from sluicegate.cluster.home import DECISION_TIMEOUT, Home
+from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRequest, LockRestore
 from sluicegate.cluster.parked import STOP_CHUNK
 from sluicegate.cluster.peers import EXPIRE_CHUNK, TICKET_GAP
 from sluicegate.cluster.ring import peer_key, semaphore_key
@@ -174,6 +176,44 @@ def test_a_new_home_asks_with_tickets_above_any_the_homes_before_it_may_have_sen
     assert granted(cluster.call(Acquire(peer, "A", 1)))
     again = cluster.nodes[cluster.target(Heartbeat(peer, 1))].home.peers.ticket(peer, "A")
     assert again >= first + TICKET_GAP
+
+
+def test_a_request_sent_ahead_of_a_write_its_home_lost_is_never_taken_for_a_later_one():
+    """A home asks for 1 of B and dies at once: its request reached B's owner, ahead of the
+    write of its ticket, which reached no other member. The next home's request for 3 must not
+    be taken for it (the owner would count 1 while the peer holds 3: max exceeded)."""
+    cluster = Shards(CONFIG, NODES)
+    owner_b = owner(cluster, "B")
+    home = next(n for n in NODES if n != owner_b)
+    peer = new_peer(cluster, home=home, expires_in=60.0)
+    cluster.submit(home, Acquire(peer, "B", 1))
+    # The write travels ahead of the request on the link, and is dropped here: with five
+    # members, the owner's acceptor may hold it and be left out of the next home's quorum.
+    queue = cluster.queues[home, owner_b]
+    request = next(m for m in queue if isinstance(m, LockRequest))
+    queue.clear()
+    cluster.nodes[owner_b].receive(home, request, cluster.now)
+    cluster.nodes[owner_b].flush(cluster.now)
+    cluster.kill(home)
+    cluster.run(1.8 * LEASE)  # the takeover; the owner's audit (every 2 s) comes later
+    assert cluster.target(Heartbeat(peer, 1)) != home
+    assert granted(cluster.call(Acquire(peer, "B", 3)))
+    assert cluster.call(Remainder("B")).result == 0
+
+
+def test_a_request_waits_for_its_write_while_a_release_of_its_peer_is_unconfirmed():
+    """Ahead of a release still held behind its write, a request would supersede at the owner
+    the lock the next home, which never saw the release, still counts held."""
+    home = Home(CONFIG, owner_of=lambda name: "owner")
+    peer = home.new_peer(0.0, 60.0, random.Random(1), lambda peer_id: True)
+    assert home.acquire(peer, "A", 1, 0.0, None, None) is None
+    assert len(home.ahead()) == 1
+    ticket = home.peers.ticket(peer, "A")
+    home.receive("owner", LockAnswer(peer, "A", ticket, True, 7), 0.1)
+    home.release_lock(peer, "A", None, 0.2)
+    assert home.unconfirmed(peer)
+    assert home.acquire(peer, "B", 1, 0.3, None, None) is None
+    assert home.ahead() == [] and any(isinstance(m, LockRequest) for _, m in home.outbox())
 
 
 def test_an_acquire_with_no_lifetime_is_answered_and_its_release_seen_at_once():
