@@ -31,7 +31,7 @@ CAUGHT = {
         r"\[tokens\] [\d.]+: token \d+ on B to \S+, and to \S+ before",
     ),
     "adopt-latest-ballot-any-version": (
-        4,
+        3,
         r"\[o2\] [\d.]+: slot \d+ gained by n\d \(life \d+, ballot \d+\) without version \d+",
     ),
     "rate-limits-on-the-stepped-time-of-day": (
