@@ -335,6 +335,7 @@ class Node:
                 parts.rpc.answered(message)
             else:
                 parts.shard_actor.deliver(remote_id, message)
+        parts.shard_actor.flush()
 
     def _life_of(self, node_id: str) -> int | None:
         return self._cluster.membership_actor.generation_of(node_id) if self._cluster else None

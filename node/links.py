@@ -68,7 +68,9 @@ class MessageConnection(Protocol):
 
 # Connect to `address` and return the open connection; it lives as long as `nursery`.
 Dialer = Callable[[trio.Nursery, str], Awaitable[MessageConnection]]
-# Hands every frame received from node `remote_id` to the node.
+# Hands the messages of each frame received from node `remote_id` to the node, all at once. The
+# node takes them before it awaits anything: a newer connection that cancelled this one in
+# between would count none of them as arrived, and the other end would send them again.
 Deliver = Callable[[str, list[object]], Awaitable[None]]
 
 
@@ -430,12 +432,11 @@ class Link:
             # Messages before `_received` arrived over an earlier connection. A gap (the other
             # end dropped its oldest messages while the link was down) is accepted.
             self._received = max(self._received, header.first)
-            for message in messages[self._received - header.first :]:
-                if not isinstance(message, Skipped):
-                    # One at a time: a newer connection may cancel this one between two, and
-                    # the count must say exactly which arrived.
-                    await self._deliver(self.remote_id, [message])
-                self._received += 1
+            fresh = messages[self._received - header.first :]
+            kept = [message for message in fresh if not isinstance(message, Skipped)]
+            if kept:
+                await self._deliver(self.remote_id, kept)
+            self._received += len(fresh)
             # Acknowledged once handed on: a frame that went out while they were being handed
             # on carried an older count, and the other end would take the link for stalled.
             if self._ack_due == math.inf:

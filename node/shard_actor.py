@@ -92,12 +92,17 @@ class ShardActor:
         return await answer(self, op)
 
     def deliver(self, sender: str, message: object) -> None:
-        """A message from node `sender`: applied now, flushed by the actor's task when the
-        messages that came with it are applied too."""
+        """A message from node `sender`: applied now, written and answered at the next
+        `flush`, once the messages that came with it are applied too (one write per slot)."""
         self.shard.receive(sender, message, self._clock.now())
         self._unflushed = True
-        if self._sleep is not None:
-            self._clock.reschedule(self._sleep, -math.inf)
+
+    def flush(self) -> None:
+        """Write what the messages delivered changed, and send what the commits allow: in the
+        task that delivered them, which saves the hop a wake-up of the actor's task."""
+        if self._unflushed:
+            self.shard.flush(self._clock.now())
+            self._after()
 
     def members_changed(self, live: Mapping[str, int], voters: Iterable[str]) -> None:
         """The live members (id -> life) or the voters (members not gone for good) changed."""
@@ -140,8 +145,7 @@ class ShardActor:
         task_status.started()
         clock = self._clock
         while True:
-            deadline = -math.inf if self._unflushed else self._wake_at()
-            with clock.move_on_at(deadline) as self._sleep:
+            with clock.move_on_at(self._wake_at()) as self._sleep:
                 await trio.sleep_forever()
             self._sleep = None
             now = clock.now()
@@ -181,7 +185,7 @@ class ShardActor:
         if self._clock.now() >= self._log_at:
             self._log()
         sleep = self._sleep
-        if sleep is not None and not self._unflushed:
+        if sleep is not None:
             deadline = self._wake_at()
             if deadline != self._clock.deadline_of(sleep):
                 self._clock.reschedule(sleep, deadline)
