@@ -8,6 +8,10 @@
   again for the pending locks of its peers;
 * a grant for a lock the peer no longer has is released at once; every grant is answered
   `LockTaken`, so the release that caused it can be answered;
+* a grant is not written here: the owner wrote it, and a home that gains the slot asks again
+  for the locks its copy says are pending. Until the owner answers, the peer *settles*: what
+  the client reads or asks next of it waits (`settling`), for the peer may hold what its copy
+  says it waits for (docs/cluster.md, "A grant is written once");
 * releases (by the client, a peer's deletion, expiry) go to the semaphore's owner again every
   `RETRY_INTERVAL` until it confirms them (`LockReleased`; at most `RELEASE_PATIENCE`): until
   then `unconfirmed` says so, and the shard holds back the answers that depend on them;
@@ -94,13 +98,22 @@ class Removed:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """The owner answered for the pending lock of a peer whose slot this node gained (or it
+    did not, in `DECISION_TIMEOUT`: `answered` False)."""
+
+    peer_id: int
+    answered: bool
+
+
+@dataclass(frozen=True)
 class Confirmed:
     """Every release of the peer's locks so far is confirmed by its owner (or waited out)."""
 
     peer_id: int
 
 
-Event = Granted | Queued | Removed | Confirmed
+Event = Granted | Queued | Removed | Confirmed | Settled
 
 
 def _slot_of_peer(peer_id: int) -> int:
@@ -133,6 +146,8 @@ class Home:
         self._due: Deadlines[tuple[int, str]] = Deadlines(itemgetter(0), graveyard)
         # Peers whose acquire waits for the owner's first answer: peer -> until when.
         self._deciding: Deadlines[int] = Deadlines(int, graveyard)
+        # Peers of a gained slot whose pending lock their owner has not answered for yet.
+        self._settling: Deadlines[int] = Deadlines(int, graveyard)
         # Releases not confirmed yet: (peer, semaphore, ticket) -> until when to wait, and when
         # to send them again.
         self._unconfirmed: Deadlines[tuple[int, str, int]] = Deadlines(itemgetter(0), graveyard)
@@ -163,6 +178,7 @@ class Home:
         for peer_id in self.peers.load(records, now):
             for _, name, _, waiting, _ in self.peers.locks([peer_id]):
                 if waiting:
+                    self._settling.set(peer_id, now + DECISION_TIMEOUT)
                     self._tell_owner(peer_id, name, now)
 
     def lose(self, slots: Iterable[int]) -> list[int]:
@@ -171,7 +187,13 @@ class Home:
         gone = self.peers.drop(slots)
         timers = [
             deadlines
-            for deadlines in (self._deciding, self._due, self._unconfirmed, self._resend)
+            for deadlines in (
+                self._deciding,
+                self._settling,
+                self._due,
+                self._unconfirmed,
+                self._resend,
+            )
             if deadlines
         ]
         for peer_id in gone:
@@ -282,6 +304,8 @@ class Home:
                 self._outbox.append((sender, LockTaken(peer_id, name, ticket)))
             return
         self._deciding.pop(peer_id)
+        if self._settling.pop(peer_id) is not None:
+            self._events.append(Settled(peer_id, answered=True))
         if not answer.granted:
             pending = self.peers.pending(peer_id)
             if pending is not None and pending[0] == name:
@@ -293,14 +317,21 @@ class Home:
         pending = self.peers.pending(peer_id)
         waiting = pending is not None and pending[0] == name  # else: a held lock, confirmed
         if self.peers.granted(peer_id, name, ticket, answer.token):
-            self._dirty.add(peer_id)
             if waiting:
+                # Written by the owner: this copy goes with the peer's next write.
                 self._events.append(Granted(peer_id, name))
+            else:
+                self._dirty.add(peer_id)  # a held lock's token, which no home asks again
         self._outbox.append((sender, LockTaken(peer_id, name, ticket)))
 
     def deciding_until(self, peer_id: int, now: float) -> float:
         """Until when the peer's acquire waits for its owner's first answer."""
         return self._deciding.get(peer_id, now + DECISION_TIMEOUT)
+
+    def settling(self, peer_id: int) -> bool:
+        """Does the peer wait for its owner to say whether it holds its pending lock (its slot
+        gained since it asked)?"""
+        return peer_id in self._settling
 
     def unconfirmed(self, peer_id: int) -> bool:
         """Has the peer a release its owner has not confirmed yet?"""
@@ -317,6 +348,7 @@ class Home:
             expiry,
             self._due.next_deadline(),
             self._deciding.next_deadline(),
+            self._settling.next_deadline(),
             self._unconfirmed.next_deadline(),
             self._resend.next_deadline(),
         )
@@ -328,6 +360,9 @@ class Home:
         self._now = now
         for peer_id in self._deciding.due(now, TIMER_CHUNK):
             self._deciding.pop(peer_id)
+        for peer_id in self._settling.due(now, TIMER_CHUNK):
+            self._settling.pop(peer_id)
+            self._events.append(Settled(peer_id, answered=False))
         for peer_id, name in self._due.due(now, TIMER_CHUNK):
             self._tell_owner(peer_id, name, now)
         due = {*self._unconfirmed.due(now, TIMER_CHUNK), *self._resend.due(now, TIMER_CHUNK)}
@@ -424,6 +459,7 @@ class Home:
         self, peer_id: int, locks: list[tuple[str, int]], expired: bool, now: float
     ) -> None:
         self._deciding.pop(peer_id)
+        self._settling.pop(peer_id)
         self._first_ticket.pop(peer_id, None)
         self._gone.add(peer_id)
         self._dirty.discard(peer_id)

@@ -16,7 +16,9 @@ message from another node, `tick` the passing of time; `answers()`, `outbox()` a
   the client asks next, through any node, sees them.
 
 Acquires that wait (`block_for`, or only for a remote owner's first answer) park here until their
-peer holds all its locks, fails, moves, or the time is up.
+peer holds all its locks, fails, moves, or the time is up. An acquire or a read of a peer that
+settles (`Home.settling`: its slot gained while it asked for a lock) waits, unapplied, until the
+owner has answered for that lock.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from .errors import NotServing, NotServingCutOff, SemaphoreError, UnknownPeer, UnknownSemaphore
-from .home import Confirmed, Granted, Home, Queued, Removed
+from .home import Confirmed, Granted, Home, Queued, Removed, Settled
 from .limits import DEFAULT_LIMITS, Limits
 from .lock_messages import (
     Audit,
@@ -135,6 +137,11 @@ class Shard:
         self._limits = limits
         self.owner = Owner(semaphores, home_of=self._home_of, cold_start_grace=cold_start_grace)
         self._parked = ParkedAcquires()
+        # Per settling peer, the operations that wait for it to settle by request id, oldest
+        # first; the peer of each; and those of peers settled, to apply at the end of the step.
+        self._unsettled: dict[int, dict[int, Operation]] = {}
+        self._unsettled_peer: dict[int, int] = {}
+        self._settled: list[tuple[int, Operation]] = []
         # Answers about a peer that wait for the confirmation of its releases.
         self._held_for: dict[int, list[Answer]] = {}
         self._answers: list[Answer] = []
@@ -177,6 +184,14 @@ class Shard:
     def submit(self, request_id: int, op: Operation, now: float) -> None:
         """Apply a client's operation; its answer comes out of `answers()`, maybe later."""
         self._begin(now)
+        self._submit(request_id, op, now)
+        self._end(now)
+
+    def _submit(self, request_id: int, op: Operation, now: float) -> None:
+        if isinstance(op, (Acquire, IsAcquired)) and self.home.settling(op.peer_id):
+            self._unsettled.setdefault(op.peer_id, {})[request_id] = op
+            self._unsettled_peer[request_id] = op.peer_id
+            return
         try:
             if isinstance(op, Acquire):
                 self._limits.make_room_to_wait(
@@ -190,7 +205,6 @@ class Shard:
                 self._acquired(request_id, op, cast("bool | None", result), now)
             else:
                 self._reply(self._waits_for_releases(op), Answer(request_id, result))
-        self._end(now)
 
     def _waits_for_releases(self, op: Operation) -> int | None:
         """The peer whose releases the answer to `op` waits for (see the module), if any.
@@ -211,6 +225,12 @@ class Shard:
     def withdraw(self, request_id: int) -> None:
         """Forget a waiting acquire whose asker has gone: it is never answered."""
         self._parked.withdraw(request_id)
+        peer_id = self._unsettled_peer.pop(request_id, None)
+        if peer_id is not None:
+            waiting = self._unsettled[peer_id]
+            del waiting[request_id]
+            if not waiting:
+                del self._unsettled[peer_id]
 
     def receive(self, sender: str, message: object, now: float) -> None:
         """A message from node `sender`. What it changes is written, and what follows goes out,
@@ -425,12 +445,15 @@ class Shard:
             self._slot_events(now)
             self._hold(now)
             self._release()
-            if not self._local:
+            if not self._local and not self._settled:
                 self.home.graveyard.free()
                 return
             local, self._local = self._local, []
             for message in local:
                 self._handle(self.me, message, now)
+            settled, self._settled = self._settled, []
+            for request_id, op in settled:
+                self._submit(request_id, op, now)
 
     def _hold(self, now: float) -> None:
         """What the homes and owners changed becomes writes, and what it caused (answers,
@@ -476,6 +499,11 @@ class Shard:
         if not slots:
             return
         gone = self.home.lose(slots)
+        if self._unsettled:
+            reason = "the peer's slot moved to another node while it settled"
+            for peer_id in gone:
+                for request_id, _ in self._take_unsettled(peer_id):
+                    self._reply(peer_id, Answer(request_id, error=NotServing(reason)))
         waiting = self._parked.peers()
         if not waiting:
             return
@@ -499,8 +527,23 @@ class Shard:
             elif isinstance(event, Removed):
                 for request in self._parked.take_peer(peer_id):
                     self._reply(peer_id, Answer(request.request_id, error=UnknownPeer(peer_id)))
+                self._settled.extend(self._take_unsettled(peer_id))
+            elif isinstance(event, Settled):
+                if event.answered:
+                    self._settled.extend(self._take_unsettled(peer_id))
+                    continue
+                reason = f"the owners of peer {peer_id}'s locks have not said which it holds"
+                for request_id, _ in self._take_unsettled(peer_id):
+                    self._reply(peer_id, Answer(request_id, error=NotServing(reason)))
             elif isinstance(event, Confirmed):
                 self._answers.extend(self._held_for.pop(peer_id, ()))
+
+    def _take_unsettled(self, peer_id: int) -> list[tuple[int, Operation]]:
+        """The operations that wait for the peer to settle, taken out, oldest first."""
+        waiting = self._unsettled.pop(peer_id, {})
+        for request_id in waiting:
+            del self._unsettled_peer[request_id]
+        return list(waiting.items())
 
     def _write(self, now: float) -> None:
         """Write every slot changed in this step, then hold what the step produced behind it."""

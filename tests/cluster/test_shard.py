@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 
 from sluicegate.cluster.errors import NotServing, NotServingCutOff, StaleOperation, UnknownPeer
-from sluicegate.cluster.home import DECISION_TIMEOUT, Home
+from sluicegate.cluster.home import DECISION_TIMEOUT, Granted, Home, Settled
 from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRequest, LockRestore
 from sluicegate.cluster.parked import STOP_CHUNK
-from sluicegate.cluster.peers import EXPIRE_CHUNK, TICKET_GAP
+from sluicegate.cluster.peers import EXPIRE_CHUNK, TICKET_GAP, PeerRecord
 from sluicegate.cluster.ring import peer_key, semaphore_key
 from sluicegate.cluster.semaphore_leases import SemaphoreConfig
 from sluicegate.cluster.semaphore_ops import (
@@ -214,6 +214,59 @@ def test_a_request_waits_for_its_write_while_a_release_of_its_peer_is_unconfirme
     assert home.unconfirmed(peer)
     assert home.acquire(peer, "B", 1, 0.3, None, None) is None
     assert home.ahead() == [] and any(isinstance(m, LockRequest) for _, m in home.outbox())
+
+
+def test_a_grant_is_written_by_its_owner_alone_and_a_new_home_asks_for_it_again():
+    """The home does not write a grant: its copy says the lock is pending. A home that gains
+    the peer then asks the owner before it answers what the peer holds, and the owner cut off,
+    what the client reads or asks next waits, not read from the copy (which would say the peer
+    holds nothing)."""
+    ids = ["n1", "n2", "n3", "n4", "n5"]
+    cluster = Shards(CONFIG, ids)
+    owner_a = owner(cluster, "A")
+    home = next(n for n in ids if n != owner_a)
+    peer = new_peer(cluster, home=home, expires_in=60.0)
+    assert granted(cluster.call(Acquire(peer, "A", 1)))
+    assert cluster.nodes[home].home.peers.is_acquired(peer)
+    record = _copy_of_peer(cluster, owner_a, peer)
+    assert record.pending_semaphore == "A" and not record.held
+    for other in ids:
+        if other != owner_a:
+            cluster.hold(owner_a, other)
+    cluster.kill(home)
+    while not (homes := [n for n, s in cluster.nodes.items() if s.serves_peer(peer, cluster.now)]):
+        cluster.run(0.05)
+    [new_home] = homes
+    assert cluster.nodes[new_home].home.settling(peer)
+    read = cluster.submit(new_home, IsAcquired(peer))
+    again = cluster.submit(new_home, Acquire(peer, "A", 1))
+    cluster.settle()
+    assert read not in cluster.answers and again not in cluster.answers
+    for other in ids:
+        cluster.release(owner_a, other)
+    cluster.run(2 * LEASE)
+    assert cluster.answers.pop(read).result is True
+    assert granted(cluster.answers.pop(again))
+
+
+def test_a_peer_whose_owner_never_answers_is_refused_not_read_from_its_copy():
+    home = Home(CONFIG, owner_of=lambda name: "owner")
+    record = PeerRecord(7, 60.0, 60.0, {}, "A", 1, {"A": 1}, {}, 2, 0)
+    home.gain([record], 0.0)
+    assert home.settling(7)
+    assert [type(m) for _, m in home.outbox()] == [LockRequest]
+    home.tick(DECISION_TIMEOUT)
+    assert home.events() == [Settled(7, answered=False)] and not home.settling(7)
+    home.gain([record], 10.0)
+    home.receive("owner", LockAnswer(7, "A", 1, True, 9), 10.1)
+    assert home.events() == [Settled(7, answered=True), Granted(7, "A")]
+    assert home.peers.is_acquired(7) and home.changed(10.1) == ([], [])
+
+
+def _copy_of_peer(cluster: Shards, member: str, peer_id: int):
+    slot = slot_of(peer_key(peer_id))
+    copy = cluster.nodes[member].ownership.acceptor.slots[slot].copy
+    return next(r for r in copy.records(cluster.now) if getattr(r, "peer_id", None) == peer_id)
 
 
 def test_an_acquire_with_no_lifetime_is_answered_and_its_release_seen_at_once():
