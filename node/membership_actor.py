@@ -56,9 +56,9 @@ class MembershipActor:
         on_forgotten: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_member_down(node_id)` is called whenever a member is counted down (silent or
-        gone), `on_change()` after any change of the members, `on_forgotten()` once the others
-        forgot this life; `clock` is the node's, which times the gossip ticks and stamps what
-        is heard."""
+        gone), `on_change()` after anything that may have changed the members (a gossip, a
+        tick), `on_forgotten()` once the others forgot this life; `clock` is the node's, which
+        times the gossip ticks and stamps what is heard."""
         self._membership = membership
         self._links = links
         self._interval = interval
@@ -228,12 +228,16 @@ class MembershipActor:
     def use_found_seeds(self, seeds: tuple[str, ...]) -> None:
         """Seeds found by DNS (node/dns_discovery.py), in place of those found before."""
         self._membership.use_found_seeds(seeds)
+        self._on_change()
 
     def receive(self, gossip: Gossip) -> None:
         """Gossip that arrived over a link."""
         self._membership.receive(gossip, self._clock.now())
         self._apply_events()
         self._follow_departures()
+        # Without an event, too: a seed heard from for the first time changes what the shard
+        # is told (`ClusterSemaphores.follow_members`), and nothing else would tell it.
+        self._on_change()
 
     def _follow_departures(self) -> None:
         """Tell of a change of the departures, or of which are settled, as of the members."""
@@ -257,6 +261,7 @@ class MembershipActor:
         now = self._clock.now()
         targets = self._membership.tick(now, self._rng)
         self._apply_events()
+        self._on_change()
         self._remind_of_down_members(now)
         self._tell_of_drift(now)
         linked = self._links.status()

@@ -9,8 +9,8 @@
   talks to. While a node cannot serve something (it does not act for its slot now), the answer
   is 503, which the stock client retries.
 
-This module also tells the shard of every change of the members (looked at every
-`WATCH_INTERVAL`).
+This module also tells the shard of every change of the members (`follow_members`, which the
+membership actor calls after each gossip and tick).
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ log = logging.getLogger("sluicegate.semaphores")
 
 # A forwarded call that gets no answer this long (plus its own block_for) answers 503.
 FORWARD_TIMEOUT = 10.0
-# How often this node looks at the members for a change.
-WATCH_INTERVAL = 0.1
 
 
 def admitted(
@@ -301,12 +299,10 @@ class ClusterSemaphores:
     # -- keeping the shard informed ----------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Tell the shard of every change of the members (at once, through `follow_members`,
-        and looked at every `WATCH_INTERVAL` besides)."""
+        """Tell the shard of the members as they are now; the membership actor calls
+        `follow_members` after each change from then on."""
+        self.follow_members()
         task_status.started()
-        while True:
-            self.follow_members()
-            await self._clock.sleep(WATCH_INTERVAL)
 
     def follow_members(self) -> None:
         """Tell the shard of the members, if they changed since it was last told, and once that
