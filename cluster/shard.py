@@ -466,10 +466,7 @@ class Shard:
             self._send(member, message)
         # A home's new lock request goes with the write of its ticket, not after it.
         for member, message in self.home.ahead():
-            if member == self.me:
-                self._local.append(message)
-            else:
-                self._outbox.append((member, message))
+            self._send_now(member, message)
         self._write(now)
 
     def _slot_events(self, now: float) -> None:
@@ -568,10 +565,7 @@ class Shard:
         gate = self.ownership.gate
         for item in gate.released():
             if isinstance(item, _Send):
-                if item.member == self.me:
-                    self._local.append(item.message)
-                else:
-                    self._outbox.append((item.member, item.message))
+                self._send_now(item.member, item.message)
             elif item.peer_id is not None and self.home.unconfirmed(item.peer_id):
                 self._held_for.setdefault(item.peer_id, []).append(item.answer)
             else:
@@ -580,6 +574,14 @@ class Shard:
             if isinstance(item, _Reply):
                 reason = "the slot moved to another node before this was committed"
                 self._answers.append(Answer(item.answer.request_id, error=NotServing(reason)))
+
+    def _send_now(self, member: str, message: object) -> None:
+        """Send `message` without holding it back: to this node's own home or owner in this
+        step, to another node through the outbox."""
+        if member == self.me:
+            self._local.append(message)
+        else:
+            self._outbox.append((member, message))
 
     def _send(self, member: str, message: object) -> None:
         self._step.items.append(_Send(member, message))
