@@ -515,6 +515,11 @@ class RateLimits:
         """Slots whose keys start spent, for a while yet."""
         return len(self._spent_since)
 
+    @property
+    def events_waiting(self) -> bool:
+        """Are there "go" events that `take_events` has not taken?"""
+        return bool(self._outbox)
+
     def take_events(self) -> RateEvents | None:
         """The gossip message of this node's "go" events since the last call, if any."""
         if not self._outbox:

@@ -5,8 +5,9 @@
   a node that does not act for the slot now answers 503. When a slot changes hands, its keys'
   states go with it if the old owner resigned (`RateHandover`), else they start spent at the new
   owner (`RateLimits.gain_slot`, docs/cluster.md).
-* `gossip` mode: the node asked decides at once; every `gossip_interval` its "go" events go to
-  every other member, which apply them to their copies (`cluster/rate_limits.py`).
+* `gossip` mode: the node asked decides at once; its "go" events go to every other member
+  `gossip_interval` after the first of them, and the members apply them to their copies
+  (`cluster/rate_limits.py`).
 * `wait`: queue for the key, first come first served, at the node that decides, until go or
   the timeout. The first in the queue tries again when its `retry_after` says, the rest sleep
   until it is their turn; while anyone waits, plain checks of that key are sorry, so that a
@@ -18,13 +19,16 @@ Decisions are made synchronously in the asking task (as the semaphores' are), on
 without its steps (`node/clock.py`'s `SteadyWall`): it never steps or runs backward, so a step
 of the wall clock refills nothing and ends no hold. A hand-over carries ages and remaining
 durations, which the receiver counts on its own clock (`cluster/rate_limits.py`); only gossip
-mode's events say when they went, which is how the nodes place one another's admissions. Keys
-idle long enough to be as good as new are forgotten every `EVICT_INTERVAL`.
+mode's events say when they went, which is how the nodes place one another's admissions. The
+service reads the time of day at least every `READ_INTERVAL`, so that a step is seen however
+quiet the keys are. Keys idle long enough to be as good as new are forgotten every
+`EVICT_INTERVAL`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,6 +61,10 @@ from .rpc import Rpc, Unavailable
 log = logging.getLogger("sluicegate.rate_limits")
 
 EVICT_INTERVAL = 10.0
+# What `SteadyWall` takes for a step is what runs beyond its slew (4%) between two readings: read
+# this often, at most 10 ms of a step gets through. (Every 50 ms, 2 ms, cost an idle member 0.8 %
+# of a core in wake-ups: docs/benchmarks.md.)
+READ_INTERVAL = 0.25
 # A forwarded check that gets no answer this long (plus a wait's own timeout) answers 503.
 FORWARD_TIMEOUT = 10.0
 
@@ -109,6 +117,8 @@ class RateLimitService:
         # What every decision reads: the time of day without its steps.
         self._now = SteadyWall(node_clock, wall).now
         self._gossip_interval = gossip_interval
+        # Set by the first "go" event that is not shared yet: `run` shares it within the interval.
+        self._events_waiting = trio.Event()
         self._queues: dict[tuple[str, str], deque[_Waiter]] = {}
         self.waiting = dict.fromkeys(core.names, 0)
         self._members = members
@@ -145,7 +155,9 @@ class RateLimitService:
                 return repeated
             retry_after = max(SOON, self._queues[limiter, key][0].retry_at - self._node_clock.now())
             return self.core.refuse_behind_waiters(limiter, n, retry_after)
-        return self.core.check(limiter, key, n, self._now(), retry_id=retry_id)
+        decision = self.core.check(limiter, key, n, self._now(), retry_id=retry_id)
+        self._note_events()
+        return decision
 
     @overload
     async def call(self, op: RateCheck | RateWait) -> Decision: ...
@@ -228,19 +240,31 @@ class RateLimitService:
     # -- the service's own task --------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Forget idle keys now and then; in a cluster, share this node's "go" events."""
+        """Read the time of day, share this node's "go" events, forget idle keys: each when it is
+        due, and no wake-up in between."""
         task_status.started()
         clock = self._node_clock
-        next_eviction = clock.now() + EVICT_INTERVAL
+        evict_at = clock.now() + EVICT_INTERVAL
+        share_at = math.inf
         while True:
-            await clock.sleep(self._gossip_interval)
-            # A reading every tick: a step of the time of day beyond the slew of one tick (2 ms
-            # of 50) is then taken out, however quiet the keys are (`SteadyWall`).
             self._now()
-            self._share_events()
-            if clock.now() >= next_eviction:
+            wake = min(clock.now() + READ_INTERVAL, share_at, evict_at)
+            if share_at == math.inf:
+                with clock.move_on_at(wake):
+                    await self._events_waiting.wait()
+                if self._events_waiting.is_set():
+                    share_at = clock.now() + self._gossip_interval
+                    continue
+            else:
+                await clock.sleep_until(wake)
+            now = clock.now()
+            if now >= share_at:
+                self._events_waiting = trio.Event()
+                self._share_events()
+                share_at = math.inf
+            if now >= evict_at:
                 self.core.evict(self._now())
-                next_eviction = clock.now() + EVICT_INTERVAL
+                evict_at = now + EVICT_INTERVAL
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -315,9 +339,15 @@ class RateLimitService:
 
     def _try(self, op: RateWait) -> Decision:
         """One try of a waiting caller (its outcome is tallied once, at the end)."""
-        return self.core.check(
+        decision = self.core.check(
             op.limiter, op.key, op.n, self._now(), counted=False, retry_id=op.retry_id
         )
+        self._note_events()
+        return decision
+
+    def _note_events(self) -> None:
+        if self.core.events_waiting:
+            self._events_waiting.set()
 
     def _share_events(self) -> None:
         members = self._members

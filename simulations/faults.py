@@ -143,9 +143,10 @@ def times_of_day(
 async def step_times_of_day(steps, cluster, history: History) -> None:
     """Step each node's time of day as `steps` say, but never while the node is frozen or in
     the first second of a life: a node sees a step by reading its time of day against its
-    monotonic clock every `rate_gossip_interval`, and a step within a longer gap (a freeze),
-    or before its first reading, could pass as a slew (node/clock.py's `SteadyWall`), which
-    the checkers, judging each node on its clock without its steps, would take for a fault."""
+    monotonic clock at least every 0.25 s (node/rate_limit_service.py's `READ_INTERVAL`), and a
+    step within a longer gap (a freeze), or before its first reading, could pass as a slew
+    (node/clock.py's `SteadyWall`), which the checkers, judging each node on its clock without
+    its steps, would take for a fault."""
     for at, node_id, by in steps:
         await trio.sleep_until(at)
         while True:

@@ -6,10 +6,10 @@ A node decides on the time of day without its steps (node/clock.py's `SteadyWall
 life's start it reads the time of day, and across a step it goes on at its monotonic clock's
 rate instead. So a life that began at b reads, at true time t, the time of day it read at b
 plus t − b: `TRUE_EPOCH + t + offset at b`, give or take what each step let through (a slew of
-at most 4% of the 50 ms between two readings, and the monotonic clock's drift over them):
-`TOLERANCE` per step the node's time of day took in the life. The model is the checkers', not
-the node's: a node that decided on the time of day with its steps, or placed a hand-over by
-another node's clock, decides off it.
+at most 4% of the 0.25 s between two readings, 10 ms, and the monotonic clock's drift over
+them, 5 ms): `TOLERANCE` per step the node's time of day took in the life. The model is the
+checkers', not the node's: a node that decided on the time of day with its steps, or placed a
+hand-over by another node's clock, decides off it.
 
 Without times of day of their own (a run without `wall`), every node reads trio time itself.
 """
@@ -24,7 +24,7 @@ from .rate_taps import RateLog
 from .servers import Life
 
 # What a step may move a life's clock off the model (see above), and rounding.
-TOLERANCE = 0.005
+TOLERANCE = 0.016
 
 
 class NodeClocks:

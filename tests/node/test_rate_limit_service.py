@@ -20,7 +20,7 @@ from sluicegate.cluster.rate_limits import (
 from sluicegate.cluster.ring import rate_key
 from sluicegate.cluster.shard import SlotGained
 from sluicegate.cluster.slots import Ballot, slot_of
-from sluicegate.node.rate_limit_service import RateLimitService
+from sluicegate.node.rate_limit_service import EVICT_INTERVAL, READ_INTERVAL, RateLimitService
 
 
 @pytest.fixture
@@ -148,3 +148,38 @@ async def test_lease_modes_hold_counts_on_the_nodes_clock_whatever_the_wall_cloc
     await trio.sleep(0.15)  # the hold is over, and a token and a half came back since
     assert service.check_here(check).go
     assert not service.check_here(check).go
+
+
+async def test_a_quiet_service_reads_the_time_of_day_every_quarter_second_and_no_more(
+    autojump_clock, nursery
+):
+    """A step of the time of day is told from a slew by what runs beyond 4% between two
+    readings, so the service reads it at least every `READ_INTERVAL` while no decision does;
+    and, quiet, wakes for nothing else (each wake-up costs an idle member CPU)."""
+    readings: list[float] = []
+
+    def wall() -> float:
+        readings.append(trio.current_time())
+        return 1_800_000_000.0 + trio.current_time()
+
+    configs = {"slow": RateLimiterConfig("token_bucket", 1, rate=1.0)}
+    service = RateLimitService(RateLimits(configs), wall=wall)
+    await nursery.start(service.run)
+    await trio.sleep(30.0)
+    gaps = [later - earlier for earlier, later in zip(readings, readings[1:], strict=False)]
+    assert max(gaps) <= READ_INTERVAL + 1e-9
+    assert len(readings) <= 30.0 / READ_INTERVAL + 30.0 / EVICT_INTERVAL + 2
+
+
+async def test_go_events_are_taken_for_the_members_within_the_gossip_interval_of_the_first(
+    autojump_clock, nursery
+):
+    configs = {"shared": RateLimiterConfig("token_bucket", 100, rate=1.0, mode="gossip")}
+    service = RateLimitService(RateLimits(configs), gossip_interval=0.05)
+    await nursery.start(service.run)
+    await trio.sleep(1.0)
+    for _ in range(2):  # the first go after a quiet time, and the next
+        assert service.check_here(RateCheck("shared", "k", 1)).go
+        assert service.core.events_waiting
+        await trio.sleep(0.0501)
+        assert not service.core.events_waiting
