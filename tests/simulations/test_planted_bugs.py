@@ -25,7 +25,7 @@ CAUGHT = {
     ),
     "expiry-early": (24, r"\[max\] [\d.]+: \w held \d+ > max \d+"),
     "gossip-merged-by-sum": (2, r"\[rate-gossip\] [\d.]+: n\d counted \d+ go event\(s\) of n\d"),
-    "fifo-skipped-for-small-counts": (0, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
+    "fifo-skipped-for-small-counts": (1, r"\[fifo\] [\d.]+: B 1 granted to \S+ \(asked"),
     "duplicated-grant-on-retry": (1, r"\[liveness\] [\d.]+: \w: remainder \d of \d"),
     "rate-retry-decided-again": (2, r"\[once\] [\d.]+: c\d's \w+ of \w+ 'k\d' went at n\d"),
     "leased-keys-start-whole": (2, r"\[rate-lease\] [\d.]+: leased 'k\d' admitted \d+ from"),
@@ -43,7 +43,7 @@ CAUGHT = {
         r"window",
     ),
     "handover-window-by-the-senders-clock": (
-        6,
+        9,
         r"\[rate-handover\] [\d.]+: n\d's last window of exact 'k\d' before its hand-over",
     ),
 }
