@@ -285,6 +285,10 @@ class Home:
         match message:
             case LockAnswer():
                 self._answered(sender, message, now)
+                # A peer spared while its acquire was decided expires with the decision, in
+                # this step: its answer then waits for the release, and what the client reads
+                # next sees the peer gone.
+                self.expire_if_due(message.peer_id, now)
             case LockRefused(peer_id, name, ticket):
                 if self.peers.ticket(peer_id, name) == ticket:
                     self._due.set((peer_id, name), now + RETRY_INTERVAL)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from sluicegate.cluster.errors import NotServing, NotServingCutOff, StaleOperation, UnknownPeer
 from sluicegate.cluster.home import DECISION_TIMEOUT, Granted, Home, Settled
 from sluicegate.cluster.lock_messages import LockAnswer, LockRelease, LockRequest, LockRestore
@@ -396,6 +398,22 @@ def test_a_heartbeat_is_not_held_behind_a_release_its_owner_has_not_confirmed():
     cluster.release(home, owner(cluster, "B"))
     cluster.settle()
     assert cluster.answers.pop(release).error is None
+
+
+@pytest.mark.parametrize("at_owner", [True, False])
+def test_a_peer_spared_for_its_acquire_expires_with_the_answer(at_owner):
+    """An acquire renews the peer to expire at once: the lock is granted (the operation
+    completes before the expiry it raced), and whatever is read next sees it gone, whether
+    the owner's answer came over a link or from this node's own owner."""
+    cluster = Shards(CONFIG, NODES)
+    the_owner = owner(cluster, "B")
+    home = the_owner if at_owner else next(n for n in NODES if n != the_owner)
+    third = next(n for n in NODES if n not in (home, the_owner))
+    peer = new_peer(cluster, home=home)
+    # One acceptance commits each write: the step that commits the grant is the last.
+    cluster.hold(the_owner, third)
+    assert granted(cluster.call(Acquire(peer, "B", 2, expires_in=0.0), home))
+    assert cluster.call(Remainder("B")).result == 3
 
 
 def test_a_lock_on_a_semaphore_its_owner_does_not_define_waits_and_harms_nothing():
