@@ -62,8 +62,8 @@ log = logging.getLogger("sluicegate.rate_limits")
 
 EVICT_INTERVAL = 10.0
 # What `SteadyWall` takes for a step is what runs beyond its slew (4%) between two readings: read
-# this often, at most 10 ms of a step gets through. (Every 50 ms, 2 ms, cost an idle member 0.8 %
-# of a core in wake-ups: docs/benchmarks.md.)
+# this often, at most 10 ms of a step gets through; each reading is a wake-up of an idle node,
+# which is what an idle member's CPU is made of (docs/benchmarks.md).
 READ_INTERVAL = 0.25
 # A forwarded check that gets no answer this long (plus a wait's own timeout) answers 503.
 FORWARD_TIMEOUT = 10.0
