@@ -247,6 +247,13 @@ class Accepted(trio.abc.HalfCloseableStream):
                     return None
         return None
 
+    @property
+    def plain_socket(self) -> trio.socket.SocketType | None:
+        """The socket, if the connection is plain TCP (not TLS) with nothing read ahead."""
+        if self._first or not isinstance(self.stream, trio.SocketStream):
+            return None
+        return self.stream.socket
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if not self._first:
             return await self.stream.receive_some(max_bytes)

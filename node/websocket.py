@@ -53,6 +53,8 @@ from sluicegate.client.websocket import (
     accept_handshake as check_answer,
 )
 
+from .quick_socket import quick
+
 # Bytes read from the socket at a time: frames of up to a MiB want big reads.
 RECEIVE_BYTES = 65536
 # How long a refused connection's other end may go on sending before its socket is closed.
@@ -70,7 +72,7 @@ class WebSocket:
     (its frames are masked)."""
 
     def __init__(self, stream: trio.abc.Stream, reader: FrameReader, client: bool) -> None:
-        self._stream = stream
+        self._stream = quick(stream)
         self._reader = reader
         self._client = client
         self._send_lock = trio.Lock()
