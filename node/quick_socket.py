@@ -4,11 +4,12 @@ socket is ready.
 trio's `SocketStream` ends every send and every receive that did not have to wait with a
 checkpoint: the task goes back to the scheduler, which polls epoll and runs it again. On a
 node link or a `/ws` connection that is one more scheduler pass for each frame sent and for
-each read, about a third of a cluster lock's passes, and a fifth to a quarter of its servers'
-CPU (docs/benchmarks.md). Here a send writes what the socket takes at once and waits only for
-the rest, and a receive returns what is there, or waits until something is. Every call still
-notices a cancellation at once, and a run of reads that never had to wait yields to the other
-tasks every `FAIR_EVERY` reads, so a peer that floods a connection cannot hold the loop.
+each read: a quarter of a cluster lock's passes at each member, and a tenth of its CPU
+(docs/benchmarks.md, "Quick sockets"). Here a send writes what the socket takes at once and
+waits only for the rest, and a receive returns what is there, or waits until something is.
+Every call still notices a cancellation at once, and a run of reads that never had to wait
+yields to the other tasks every `FAIR_EVERY` reads, so a peer that floods a connection cannot
+hold the loop.
 
 POSIX only (`os.read` and `os.write` on a socket); elsewhere, and over TLS, the stream is
 trio's own.
