@@ -74,7 +74,6 @@ class MembershipActor:
         self._drift_told_at = -math.inf
         self._nursery: trio.Nursery | None = None
         self.ring = Ring(membership.live_members())
-        self._departures = membership.departures()
 
     @property
     def node_id(self) -> str:
@@ -136,7 +135,7 @@ class MembershipActor:
         """What this node's writes settled of departed members: gossiped from now on, and
         maybe the last of a departure's slots."""
         self._membership.claim(settled)
-        self._follow_departures()
+        self._on_change()
 
     def down_members(self) -> set[str]:
         """Members counted for the quorum that this node believes down (silent, not left)."""
@@ -234,17 +233,9 @@ class MembershipActor:
         """Gossip that arrived over a link."""
         self._membership.receive(gossip, self._clock.now())
         self._apply_events()
-        self._follow_departures()
-        # Without an event, too: a seed heard from for the first time changes what the shard
-        # is told (`ClusterSemaphores.follow_members`), and nothing else would tell it.
+        # With or without an event: a seed heard from for the first time changes what the
+        # shard is told (`ClusterSemaphores.follow_members`), and nothing else would tell it.
         self._on_change()
-
-    def _follow_departures(self) -> None:
-        """Tell of a change of the departures, or of which are settled, as of the members."""
-        departures = self._membership.departures()
-        if departures != self._departures:
-            self._departures = departures
-            self._on_change()
 
     async def leave(self) -> None:
         """Say goodbye over every link that is up, and wait (briefly) until it has left."""
@@ -334,6 +325,7 @@ class MembershipActor:
         return known
 
     def _apply_events(self) -> None:
+        """Act on what the membership saw happen (the caller tells of the change)."""
         events = self._membership.events()
         if not events:
             return
@@ -359,7 +351,6 @@ class MembershipActor:
                 )
                 self._on_forgotten()
         self.ring = Ring(self._membership.live_members())
-        self._on_change()
 
     def _keep_linked(self, node_id: str, address: str) -> None:
         """Dial members that are ours to dial; keep dialing silent ones so recovery is seen."""
