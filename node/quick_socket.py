@@ -23,6 +23,7 @@ import trio
 
 # Reads in a row that did not wait, after which the reading task lets the others run.
 FAIR_EVERY = 16
+# Bytes read from the socket at a time: frames of up to a MiB want big reads.
 RECEIVE_BYTES = 65536
 
 

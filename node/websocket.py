@@ -53,10 +53,8 @@ from sluicegate.client.websocket import (
     accept_handshake as check_answer,
 )
 
-from .quick_socket import quick
+from .quick_socket import RECEIVE_BYTES, quick
 
-# Bytes read from the socket at a time: frames of up to a MiB want big reads.
-RECEIVE_BYTES = 65536
 # How long a refused connection's other end may go on sending before its socket is closed.
 CLOSE_TIMEOUT = 1.0
 # Close codes (RFC 6455): none was given, and no close frame came.

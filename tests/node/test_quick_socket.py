@@ -91,6 +91,6 @@ async def test_a_cancelled_read_raises_at_once():
     assert scope.cancelled_caught
 
 
-async def test_tls_and_other_streams_are_left_as_they_are():
+async def test_a_stream_other_than_plain_tcp_is_left_as_it_is():
     stream, _ = trio.testing.memory_stream_pair()
     assert quick(stream) is stream
