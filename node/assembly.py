@@ -129,7 +129,7 @@ class Node:
             parts = self._cluster
             parts.shard_actor = ShardActor(
                 parts.shard,
-                send=parts.links.send,
+                send_together=parts.links.send_together,
                 on_slot_changes=self.rate_limits.slots_changed,
                 keep_era=parts.keep_era,
                 on_claims=parts.membership_actor.claim,

@@ -29,7 +29,7 @@ import math
 import random
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol, TypeVar
@@ -38,7 +38,7 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError
 
 from .clock import TRIO_CLOCK, Clock
-from .websocket import dial
+from .websocket import WebSocket, dial
 from .wire import MAX_FRAME, Codec, WireError
 
 log = logging.getLogger("sluicegate.links")
@@ -262,6 +262,10 @@ class Link:
         self.stale = 0
         self.frames_sent = 0
         self._sending = False
+        # The connection carrying the link, if frames can be written to it from any task
+        # (`push`), and the scope that ends it.
+        self._quick: WebSocket | None = None
+        self._stop: trio.CancelScope | None = None
 
     @property
     def connected(self) -> bool:
@@ -303,6 +307,16 @@ class Link:
         A message meant for one life of the remote node (`generation`) is dropped if the link
         comes up to another: what a node said to a member that has since restarted (a hand-off
         of state, an answer) is stale for its next life, which starts from what it pulls."""
+        number = self.queue(message, generation)
+        self.wake()
+        return number
+
+    def wake(self) -> None:
+        """Have the send loop send what is queued."""
+        self._wake.set()
+
+    def queue(self, message: object, generation: int | None = None) -> int:
+        """`send`, but the message waits for `push`, or for a frame that leaves anyway."""
         if len(self._outbox) == OUTBOX_LIMIT:
             # A link down for long: the oldest messages are the least useful (their callers have
             # given up); drop them rather than grow without bound.
@@ -313,8 +327,36 @@ class Link:
         if self._waiting_since is None:
             self._waiting_since = self._clock.now()
         self._outbox.append((generation, message))
-        self._wake.set()
         return self._first + len(self._outbox) - 1
+
+    def push(self) -> None:
+        """Send what is queued: from this task when the connection takes a frame without
+        waiting and nothing else is being sent on it, which spares the send loop a wake-up and
+        its scheduler passes (docs/benchmarks.md, "Frames written where they are made"); else
+        the send loop wakes to send it."""
+        conn = self._quick
+        if conn is None or self._sending or not self._send_now(conn):
+            self._wake.set()
+
+    def _send_now(self, conn: WebSocket) -> bool:
+        first = self._unsent
+        if first == self._first + len(self._outbox):
+            return True
+        batch = self._batch(first)
+        frames = self._frames(first, batch)
+        try:
+            if len(frames) > 1 or not conn.send_message_nowait(frames[0]):
+                return False
+        except ConnectionClosed:
+            # Lost: the connection ends, and the next one sends everything unacknowledged.
+            if self._stop is not None:
+                self._stop.cancel()
+            return True
+        self._sent(first, batch)
+        self.frames_sent += 1
+        if self._idle is not None:
+            self._clock.reschedule(self._idle, math.inf)
+        return not conn.draining
 
     async def carry(self, conn: MessageConnection, generation: int, preferred: bool = True) -> None:
         """Send and receive over `conn`, to the remote node's life `generation`, until it
@@ -351,10 +393,15 @@ class Link:
             self._wake.set()
             try:
                 async with trio.open_nursery() as nursery:
+                    self._stop = nursery.cancel_scope
+                    # Connections that cannot take a frame without waiting (over TLS, the
+                    # simulator's) are written by the send loop alone.
+                    self._quick = conn if isinstance(conn, WebSocket) else None
                     nursery.start_soon(self._send_loop, conn, nursery.cancel_scope)
                     await self._receive_loop(conn)
                     nursery.cancel_scope.cancel()
             finally:
+                self._quick = self._stop = None
                 # Closed here, replaced or broken: left open, a connection the other end still
                 # carries would swallow what it sends until a timeout noticed.
                 with trio.CancelScope(shield=True), self._clock.move_on_after(CLOSE_TIMEOUT):
@@ -375,18 +422,14 @@ class Link:
                         await self._wake.wait()
                     self._idle = None
                 self._wake = trio.Event()
+                if self._quick is not None and self._quick.draining:
+                    await self._quick.drain()
                 if self._unsent == self._first + len(self._outbox):
                     if self._ack_due > clock.now():
                         continue
                 first = self._unsent
-                pending = list(islice(self._outbox, first - self._first, None))
-                batch = [
-                    message if meant_for in (None, self._remote_generation) else SKIPPED
-                    for meant_for, message in pending
-                ]
-                self.stale += sum(1 for message in batch if message is SKIPPED)
-                self._unsent = first + len(batch)
-                self._ack_due = math.inf
+                batch = self._batch(first)
+                self._sent(first, batch)
                 self._sending = True
                 try:
                     for frame in self._frames(first, batch):
@@ -396,6 +439,19 @@ class Link:
                     self._sending = False
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             stop.cancel()
+
+    def _batch(self, first: int) -> list[object]:
+        """The messages from number `first` on, those meant for another life skipped."""
+        return [
+            message if meant_for in (None, self._remote_generation) else SKIPPED
+            for meant_for, message in islice(self._outbox, first - self._first, None)
+        ]
+
+    def _sent(self, first: int, batch: list[object]) -> None:
+        """`batch`, from message `first` on, is (being) sent, with what this end received."""
+        self.stale += sum(1 for message in batch if message is SKIPPED)
+        self._unsent = first + len(batch)
+        self._ack_due = math.inf
 
     def _frames(self, first: int, batch: list[object]) -> list[bytes]:
         """Encode a batch into as few frames as fit under the frame limit."""
@@ -515,6 +571,8 @@ class Links:
         self._links: dict[str, Link] = {}
         # Set to end the backoff of a dial loop that waits to dial again (see `redial`).
         self._backing_off: dict[str, trio.Event] = {}
+        # The links `send_together` sent to so far, in order, while it runs.
+        self._gathered: dict[Link, None] | None = None
 
     def link(self, remote_id: str) -> Link:
         link = self._links.get(remote_id)
@@ -528,12 +586,29 @@ class Links:
         """Send `message` to `remote_id`, or only to its life `generation` if one is given;
         its number on that link (twice, when `repeat` says so: the number of the first)."""
         link = self.link(remote_id)
-        number = link.send(message, generation)
+        number = link.queue(message, generation)
         if self._repeat is not None:
             life = generation if generation is not None else link.remote_generation
             if self._repeat(remote_id, message, life):
-                link.send(message, generation)
+                link.queue(message, generation)
+        if self._gathered is None:
+            link.wake()
+        else:
+            self._gathered[link] = None
         return number
+
+    def send_together(self, messages: Iterable[tuple[str, object]]) -> None:
+        """Send each (remote id, message), each link's in one frame, written from this task
+        when its link is free (`Link.push`)."""
+        gathered: dict[Link, None] = {}
+        self._gathered = gathered
+        try:
+            for remote_id, message in messages:
+                self.send(remote_id, message)
+        finally:
+            self._gathered = None
+            for link in gathered:
+                link.push()
 
     async def _deliver_current(self, remote_id: str, messages: list[object]) -> None:
         """Hand on what a link received, unless it is of a life of `remote_id` older than the

@@ -48,6 +48,15 @@ class QuickSocketStream(trio.abc.Stream):
                     raise trio.BrokenResourceError(str(error)) from error
                 view = view[sent:]
 
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Write what the socket takes of `data` without waiting; how many bytes that was."""
+        try:
+            return os.write(self._fileno(), data)
+        except BlockingIOError:
+            return 0
+        except OSError as error:
+            raise trio.BrokenResourceError(str(error)) from error
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._reads_without_wait += 1

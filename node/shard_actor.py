@@ -35,14 +35,14 @@ class ShardActor:
         self,
         shard: Shard,
         *,
-        send: Callable[[str, object], object],
+        send_together: Callable[[list[tuple[str, object]]], None],
         on_slot_changes: Callable[[list[SlotChange]], None] = lambda changes: None,
         keep_era: Callable[[int], None] = lambda era: None,
         on_claims: Callable[[tuple[Claim, ...]], None] = lambda claims: None,
         clock: Clock = TRIO_CLOCK,
     ) -> None:
         self.shard = shard
-        self._send = send
+        self._send_together = send_together
         # Keeps the era on disk (node/state_file.py) before a message of it leaves.
         self._keep_era = keep_era
         self._kept_era = 0
@@ -169,8 +169,7 @@ class ShardActor:
         if era > self._kept_era:
             self._keep_era(era)
             self._kept_era = era
-        for member, message in shard.outbox():
-            self._send(member, message)
+        self._send_together(shard.outbox())
         revision = shard.ownership.claims_revision
         if revision != self._claims_revision:
             self._claims_revision = revision

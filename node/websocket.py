@@ -53,7 +53,7 @@ from sluicegate.client.websocket import (
     accept_handshake as check_answer,
 )
 
-from .quick_socket import RECEIVE_BYTES, quick
+from .quick_socket import RECEIVE_BYTES, QuickSocketStream, quick
 
 # How long a refused connection's other end may go on sending before its socket is closed.
 CLOSE_TIMEOUT = 1.0
@@ -74,6 +74,9 @@ class WebSocket:
         self._reader = reader
         self._client = client
         self._send_lock = trio.Lock()
+        # The end of a frame `send_message_nowait` wrote in part: written first by the next
+        # send, or by `drain`.
+        self._tail = b""
         self.closed: CloseReason | None = None
 
     async def send_message(self, message: bytes | str) -> None:
@@ -81,6 +84,37 @@ class WebSocket:
             await self._send(BINARY, message)
         else:
             await self._send(TEXT, message.encode())
+
+    def send_message_nowait(self, message: bytes) -> bool:
+        """Send `message` from this task, without waiting, if the connection is plain TCP and
+        nobody is sending on it; whether it was sent. What the socket does not take at once
+        stays behind (`draining`) until the next send or `drain`: sent, all the same, in order.
+        `ConnectionClosed` if the connection is lost."""
+        stream = self._stream
+        if (
+            self._tail
+            or self._send_lock.locked()
+            or self.closed is not None
+            or not isinstance(stream, QuickSocketStream)
+        ):
+            return False
+        data = frame(BINARY, message, os.urandom(4) if self._client else None)
+        try:
+            written = stream.send_nowait(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._lost()
+            raise ConnectionClosed(self.closed) from None
+        self._tail = data[written:]
+        return True
+
+    @property
+    def draining(self) -> bool:
+        """Part of a frame sent without waiting is still to be written (`drain`)."""
+        return bool(self._tail)
+
+    async def drain(self) -> None:
+        """Write what `send_message_nowait` left behind."""
+        await self._send(BINARY, None)
 
     async def get_message(self) -> bytes | str:
         """The next message; `ConnectionClosed` once none is left and the connection closed."""
@@ -160,7 +194,7 @@ class WebSocket:
             await self._send_control(CLOSE, body)
         await self._stream.aclose()
 
-    async def _send(self, opcode: int, payload: bytes) -> None:
+    async def _send(self, opcode: int, payload: bytes | None) -> None:
         if self.closed is not None:
             raise ConnectionClosed(self.closed)
         try:
@@ -180,15 +214,23 @@ class WebSocket:
         if self.closed is None:
             self.closed = CloseReason(ABNORMAL, "the connection was lost")
 
-    async def _send_frame(self, opcode: int, payload: bytes) -> None:
-        data = frame(opcode, payload, os.urandom(4) if self._client else None)
+    async def _send_frame(self, opcode: int, payload: bytes | None) -> None:
+        """Send a frame (none if `payload` is None), after the tail of one sent in part."""
+        data = (
+            b""
+            if payload is None
+            else frame(opcode, payload, os.urandom(4) if self._client else None)
+        )
         # The usual case, nobody else sending, without a trip through the scheduler.
         try:
             self._send_lock.acquire_nowait()
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            await self._stream.send_all(data)
+            if self._tail:
+                data, self._tail = self._tail + data, b""
+            if data:
+                await self._stream.send_all(data)
         finally:
             self._send_lock.release()
 

@@ -27,6 +27,8 @@ from sluicegate.node.links import (
     Welcome,
     proof_of_secret,
 )
+from sluicegate.client.websocket import FrameReader
+from sluicegate.node.websocket import WebSocket
 from sluicegate.node.wire import Codec
 
 
@@ -411,3 +413,66 @@ async def test_what_a_replaced_connection_lost_is_sent_again_once(autojump_clock
     await trio.sleep(1)
     assert received == ["m1", "m2", "m3"]
     assert a.link("b").unacknowledged == 0
+
+
+def socket_pair() -> tuple[WebSocket, WebSocket]:
+    """Two ends of a WebSocket over a connected pair of plain sockets."""
+    left, right = trio.socket.socketpair()
+    return (
+        WebSocket(trio.SocketStream(left), FrameReader(1 << 20), client=True),
+        WebSocket(trio.SocketStream(right), FrameReader(1 << 20, from_client=True), client=False),
+    )
+
+
+async def test_what_is_sent_together_leaves_from_the_sending_task_one_frame_a_link(nursery):
+    received: list[tuple[str, str]] = []
+    arrived = trio.Event()
+
+    async def deliver(remote_id: str, messages: list[object]) -> None:
+        received.extend((remote_id, m.text) for m in messages)
+        if len(received) == 4:
+            arrived.set()
+
+    a = Links("a", b"s", CODEC, None, deliver, random.Random(1), generation=1)
+    b = Links("b", b"s", CODEC, None, deliver, random.Random(2), generation=1)
+    c = Links("c", b"s", CODEC, None, deliver, random.Random(3), generation=1)
+    for there, back in [(b, "b"), (c, "c")]:
+        here_end, there_end = socket_pair()
+        nursery.start_soon(a.link(back).carry, here_end, 1)
+        nursery.start_soon(there.link("a").carry, there_end, 1)
+    with trio.fail_after(10):
+        # Each link's first frame tells the other end what arrived (nothing yet).
+        while a.link("b").frames_sent + a.link("c").frames_sent < 2:
+            await trio.sleep(0.001)
+        a.send_together([("b", Note("1")), ("c", Note("2")), ("b", Note("3")), ("c", Note("4"))])
+        # Written before this task let any other run: the send loops never woke.
+        assert (a.link("b").frames_sent, a.link("c").frames_sent) == (2, 2)
+        await arrived.wait()
+    assert sorted(received) == [("a", "1"), ("a", "2"), ("a", "3"), ("a", "4")]
+
+
+async def test_a_link_busy_sending_leaves_what_is_sent_together_to_its_send_loop(nursery):
+    received: list[str] = []
+
+    async def deliver(remote_id: str, messages: list[object]) -> None:
+        received.extend(m.text for m in messages)
+
+    a = Links("a", b"s", CODEC, None, deliver, random.Random(1), generation=1)
+    b = Links("b", b"s", CODEC, None, deliver, random.Random(2), generation=1)
+    here_end, there_end = socket_pair()
+    nursery.start_soon(a.link("b").carry, here_end, 1)
+    with trio.fail_after(10):
+        while a.link("b").frames_sent < 1:
+            await trio.sleep(0.001)
+        # Nobody reads b's end yet: a frame far larger than the socket's buffers stays in part.
+        big = "x" * 600_000
+        a.send_together([("b", Note(big))])
+        assert a.link("b").frames_sent == 2
+        assert here_end.draining
+        a.send_together([("b", Note("after"))])
+        assert a.link("b").frames_sent == 2  # behind the tail: the send loop's
+        nursery.start_soon(b.link("a").carry, there_end, 1)
+        while len(received) < 2:
+            await trio.sleep(0.001)
+    assert received == [big, "after"]
+    assert a.link("b").frames_sent == 3 and not here_end.draining

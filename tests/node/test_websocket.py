@@ -180,3 +180,12 @@ async def test_dial_and_accept_over_loopback_and_a_route_nothing_serves_is_refus
         with pytest.raises(ConnectionRejected) as rejected:
             await dial(address, "/elsewhere", None, 1 << 20)
         assert rejected.value.status_code == 403
+
+
+async def test_only_a_plain_socket_takes_a_message_without_waiting():
+    with trio.fail_after(TIMEOUT):
+        peer, websocket = await accepted_pair()
+        assert not websocket.send_message_nowait(b"over a stream trio writes")
+        await websocket.send_message(b"sent by waiting")
+        event = await peer.next_event()
+        assert isinstance(event, BytesMessage) and event.data == b"sent by waiting"
