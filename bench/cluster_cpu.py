@@ -91,7 +91,9 @@ def locking(system: Sluicegate, out: Path, seconds: float) -> None:
     before = {node: usage(pid) for node, pid in pids.items()}
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR1)
+    client_before = os.times()
     cycles = anyio.run(lock_loop, url, system.locks[0], seconds, backend="trio")
+    client_after = os.times()
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR2)
     after = {node: usage(pid) for node, pid in pids.items()}
@@ -101,6 +103,11 @@ def locking(system: Sluicegate, out: Path, seconds: float) -> None:
     ):
         time.sleep(0.05)
     print(f"  {cycles / seconds:.0f} cycles/s, the lock's owner {system.serving()}")
+    print(
+        f"  the client (this process): user"
+        f" {1000 * (client_after.user - client_before.user) / cycles:.2f} ms, system"
+        f" {1000 * (client_after.system - client_before.system) / cycles:.2f} ms a cycle"
+    )
     for node, pid in pids.items():
         user, system_cpu, switches = (a - b for a, b in zip(after[node], before[node], strict=True))
         counts = json.loads((out / f"{pid}.json").read_text())

@@ -398,6 +398,8 @@ class Home:
 
     def changed(self, now: float) -> tuple[list[PeerRecord], list[int]]:
         """The records of the peers changed since the last call, and the ids of those gone."""
+        if not self._dirty and not self._gone:
+            return [], []
         present = [peer_id for peer_id in self._dirty if self.peers.has_peer(peer_id)]
         gone = sorted(self._gone | (self._dirty - set(present)))
         self._dirty, self._gone = set(), set()

@@ -242,6 +242,8 @@ class Owner:
     def changed(self) -> list[tuple[str, list[SemaphoreRecord | LockRecord], list[str]]]:
         """What changed since the last call, to be written, semaphore by semaphore: its name,
         its own record and those of its locks that changed, and the keys of those gone."""
+        if not self._dirty:
+            return []
         dirty, self._dirty = self._dirty, {}
         changes = []
         for name in sorted(dirty):

@@ -233,6 +233,8 @@ class Ownership:
         return self.placement.voters
 
     def events(self) -> list[Event]:
+        if not self._events:
+            return []
         events = list(self._events)
         self._events.clear()
         return events

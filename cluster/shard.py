@@ -470,8 +470,11 @@ class Shard:
         self._write(now)
 
     def _slot_events(self, now: float) -> None:
+        events = self.ownership.events()
+        if not events:
+            return
         lost: list[int] = []
-        for event in self.ownership.events():
+        for event in events:
             if isinstance(event, Gained):
                 self._lose_peers(lost)  # a slot lost and gained again: the loss first
                 lost = []
@@ -544,22 +547,25 @@ class Shard:
 
     def _write(self, now: float) -> None:
         """Write every slot changed in this step, then hold what the step produced behind it."""
-        by_slot: dict[int, tuple[list[Record], list[int | str]]] = defaultdict(lambda: ([], []))
         records, gone = self.home.changed(now)
-        for record in records:
-            by_slot[slot_of(peer_key(record.peer_id))][0].append(record)
-        for peer_id in gone:
-            by_slot[slot_of(peer_key(peer_id))][1].append(peer_id)
-        for name, written, removed in self.owner.changed():
-            records_of_slot, gone_of_slot = by_slot[self._semaphore_slot[name]]
-            records_of_slot.extend(written)
-            gone_of_slot.extend(removed)
-        for slot, (changed, dropped) in sorted(by_slot.items()):
-            self.ownership.write(slot, changed, dropped, now)
-        gate = self.ownership.gate
-        for item in self._step.items:
-            gate.hold(item)
-        self._step.items = []
+        semaphores = self.owner.changed()
+        if records or gone or semaphores:
+            by_slot: dict[int, tuple[list[Record], list[int | str]]] = defaultdict(lambda: ([], []))
+            for record in records:
+                by_slot[slot_of(peer_key(record.peer_id))][0].append(record)
+            for peer_id in gone:
+                by_slot[slot_of(peer_key(peer_id))][1].append(peer_id)
+            for name, written, removed in semaphores:
+                records_of_slot, gone_of_slot = by_slot[self._semaphore_slot[name]]
+                records_of_slot.extend(written)
+                gone_of_slot.extend(removed)
+            for slot, (changed, dropped) in sorted(by_slot.items()):
+                self.ownership.write(slot, changed, dropped, now)
+        if self._step.items:
+            gate = self.ownership.gate
+            for item in self._step.items:
+                gate.hold(item)
+            self._step.items = []
 
     def _release(self) -> None:
         gate = self.ownership.gate
