@@ -43,6 +43,10 @@ class Answers(Protocol):
     def answered(self, key: int, result: object, error: BaseException | None) -> None:
         """The outcome of request `key`: (result, None) or (None, error)."""
 
+    def answered_together(self, outcomes: list[tuple[int, object, BaseException | None]]) -> None:
+        """Outcomes that came at once, (key, result, error) each: `answered` for each, in
+        order, and then whatever an answer sets going (a frame to the client) goes once."""
+
 
 class Actor(Protocol):
     """What applies semaphore operations: this module's actor, or a cluster node's shard actor."""
@@ -64,6 +68,10 @@ class _Outcome:
     def answered(self, key: int, result: object, error: BaseException | None) -> None:
         self.value = (result, error)
         self.done.set()
+
+    def answered_together(self, outcomes: list[tuple[int, object, BaseException | None]]) -> None:
+        for outcome in outcomes:
+            self.answered(*outcome)
 
 
 async def answer(actor: Actor, op: Operation) -> Any:

@@ -160,11 +160,14 @@ class ShardActor:
     def _after(self) -> None:
         self._unflushed = False
         shard = self.shard
+        told: dict[Answers, list[tuple[int, object, BaseException | None]]] = {}
         for done in shard.answers():
             asker = self._askers.pop(done.request_id)
             if asker is not None:
                 answers, key = asker
-                answers.answered(key, done.result, done.error)
+                told.setdefault(answers, []).append((key, done.result, done.error))
+        for answers, outcomes in told.items():
+            answers.answered_together(outcomes)
         era = shard.ownership.kept_era
         if era > self._kept_era:
             self._keep_era(era)

@@ -53,6 +53,7 @@ from .links import MessageConnection
 from .rate_limit_service import RateLimitService
 from .rpc import Unavailable, Unreachable
 from .semaphore_service import Semaphores
+from .websocket import WebSocket
 
 log = logging.getLogger("sluicegate.ws")
 
@@ -367,10 +368,39 @@ class WsConnection:
         else:
             self.answered(key, result, None)
 
+    def answered_together(self, outcomes: list[tuple[int, object, BaseException | None]]) -> None:
+        """Outcomes that came at once (`Answers`): their answers leave in one frame."""
+        applying, self._applying = self._applying, True
+        try:
+            for outcome in outcomes:
+                self.answered(*outcome)
+        finally:
+            self._applying = applying
+        if not applying and self._answers and not self._sent_from_here():
+            self._answers_ready.set()
+
     def _answer(self, answer: dict) -> None:
         self._answers.append(answer)
         if not self._applying:
             self._answers_ready.set()
+
+    def _sent_from_here(self) -> bool:
+        """Send the answers ready in this task, if the connection takes them without waiting
+        and no send is under way: the answer to a forwarded lock then leaves from the task
+        that read the owner's, without waking `_send_answers`. Whether they went."""
+        ws = self._ws
+        if self._sending or not isinstance(ws, WebSocket):
+            return False
+        frames = protocol.encode_answers(self._answers)
+        try:
+            if len(frames) > 1 or not ws.send_message_nowait(frames[0]):
+                return False
+        except ConnectionClosed:
+            return False  # the reading task finds it closed
+        self._answers = []
+        if ws.draining:
+            self._answers_ready.set()  # `_send_answers` writes the rest
+        return True
 
     async def _send_answers(self) -> None:
         """Answers that come later (granted waits, forwarded requests)."""
@@ -384,6 +414,9 @@ class WsConnection:
         """Send what is ready, and what gets ready meanwhile (then nobody else sends)."""
         self._sending = True
         try:
+            if isinstance(self._ws, WebSocket) and self._ws.draining:
+                self._send_started = trio.current_time()
+                await self._ws.drain()
             while self._answers:
                 answers, self._answers = self._answers, []
                 for frame in protocol.encode_answers(answers):

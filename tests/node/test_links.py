@@ -14,6 +14,7 @@ import trio
 import trio.testing
 from trio_websocket import CloseReason, ConnectionClosed, wrap_client_stream, wrap_server_stream
 
+from sluicegate.client.websocket import FrameReader
 from sluicegate.node.links import (
     ACCEPTOR,
     BACKOFF_MAX,
@@ -27,7 +28,6 @@ from sluicegate.node.links import (
     Welcome,
     proof_of_secret,
 )
-from sluicegate.client.websocket import FrameReader
 from sluicegate.node.websocket import WebSocket
 from sluicegate.node.wire import Codec
 

@@ -3,6 +3,7 @@ the idle timeout, and waiting acquires that keep a connection open past it."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import msgpack
@@ -10,12 +11,14 @@ import pytest
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
+from sluicegate.client.websocket import FrameReader
 from sluicegate.cluster.rate_limits import RateLimits
 from sluicegate.cluster.semaphores import SemaphoreConfig, SemaphoreCore
 from sluicegate.node.latencies import Latencies
 from sluicegate.node.rate_limit_service import RateLimitService
 from sluicegate.node.semaphore_actor import SemaphoreActor
 from sluicegate.node.semaphore_service import LocalSemaphores
+from sluicegate.node.websocket import WebSocket
 from sluicegate.node.ws_shell import (
     FRAME_STEP,
     HELLO_TIMEOUT,
@@ -253,3 +256,52 @@ async def test_waiting_acquires_leave_the_garbage_collector_little_to_walk(autoj
     assert more_objects - objects < 100
     assert more_references - references < 2 * len(waiters)
     actor.close()
+
+
+class LaterSemaphores:
+    """Semaphores that answer nothing at once: the test answers, as a cluster's owner would."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[object, int]] = []
+        self.answers = None
+
+    def serves_here(self, op) -> bool:
+        return True
+
+    def submit(self, requests, answers) -> None:
+        self.submitted.extend(requests)
+        self.answers = answers
+
+    def withdraw(self, answers) -> None:
+        pass
+
+
+async def test_answers_that_come_at_once_leave_in_one_frame_from_the_task_that_gives_them(
+    nursery,
+):
+    client_socket, server_socket = trio.socket.socketpair()
+    client = WebSocket(trio.SocketStream(client_socket), FrameReader(1 << 20), client=True)
+    server = WebSocket(
+        trio.SocketStream(server_socket), FrameReader(1 << 20, from_client=True), client=False
+    )
+    semaphores = LaterSemaphores()
+    connection = WsConnection(
+        server, semaphores, RateLimitService(RateLimits({})), "n1", Latencies()
+    )
+    nursery.start_soon(connection.run)
+    with trio.fail_after(10):
+        await client.send_message(msgpack.packb({"hello": 1}))
+        assert msgpack.unpackb(await client.get_message())["welcome"] == 1
+        requests = [{"id": i, "op": "new_peer", "expires_in": 1000} for i in (1, 2)]
+        await client.send_message(msgpack.packb(requests))
+        while len(semaphores.submitted) < 2:
+            await trio.sleep(0.001)
+    outcomes = [
+        (key, peer_id, None) for (_, key), peer_id in zip(semaphores.submitted, (7, 8), strict=True)
+    ]
+    semaphores.answers.answered_together(outcomes)
+    # On the socket before this task let another run: `_send_answers` never woke.
+    reader = FrameReader(1 << 20)
+    reader.feed(os.read(client_socket.fileno(), 65536))
+    assert msgpack.unpackb(reader.next_event().data) == [{"id": 1, "ok": 7}, {"id": 2, "ok": 8}]
+    assert reader.next_event() is None
