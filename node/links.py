@@ -354,8 +354,6 @@ class Link:
             return True
         self._sent(first, batch)
         self.frames_sent += 1
-        if self._idle is not None:
-            self._clock.reschedule(self._idle, math.inf)
         return not conn.draining
 
     async def carry(self, conn: MessageConnection, generation: int, preferred: bool = True) -> None:
@@ -496,9 +494,13 @@ class Link:
             # Acknowledged once handed on: a frame that went out while they were being handed
             # on carried an older count, and the other end would take the link for stalled.
             if self._ack_due == math.inf:
-                self._ack_due = self._clock.now() + ACK_DELAY
-                if self._idle is not None:
-                    self._clock.reschedule(self._idle, self._ack_due)
+                self._ack_due = due = self._clock.now() + ACK_DELAY
+                # A wait that ends sooner is left be: frames written by `push` since it began
+                # carried what was owed then, and the loop, woken for nothing, waits on for
+                # this. Moving a deadline at every frame cost more than those wake-ups.
+                idle = self._idle
+                if idle is not None and self._clock.deadline_of(idle) > due:
+                    self._clock.reschedule(idle, due)
 
     def _acknowledge(self, received: int) -> None:
         """The other end has received the first `received` messages: forget them."""
