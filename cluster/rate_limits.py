@@ -428,7 +428,9 @@ class RateLimits:
         """This node decides the exact keys of `slot` no more (it acted under `ballot`): what
         it knew of them is dropped here, and handed over if it `resigned` (for every live
         member: the ring names who should take the slot next, but ballots settle who does),
-        as of `now`, when it is sent."""
+        as of `now`, when it is sent. This node keeps the hand-over too, as a member that may
+        take the slot next: one that resigned because it was slow takes it back when it is
+        fast again, if the ring names it and nobody wrote the slot in between."""
         self._adopted.pop(slot, None)
         if self._lease_horizon:
             self._forget_leased(slot)
@@ -437,7 +439,11 @@ class RateLimits:
         since = self._spent_since.pop(slot, None)
         spent_for = None if since is None else max(0.0, now - since)
         rates = SlotRates(self.export(keys, now, drop=True).states, spent_for)
-        return RateHandover(slot, ballot, rates) if resigned else None
+        if not resigned:
+            return None
+        handover = RateHandover(slot, ballot, rates)
+        self.handed_over(handover, now)
+        return handover
 
     def adopted(self, slot: int) -> Ballot | None:
         """The ballot this node adopted `slot`'s keys under, until it lost the slot: it decides

@@ -229,6 +229,22 @@ def test_a_resigning_owner_hands_its_keys_over_with_what_they_remember():
     assert not successor.check("api", key, 1, 0.5).go
 
 
+def test_a_resigning_owner_that_takes_its_slot_back_next_keeps_what_it_handed_over():
+    """Resigned while slow, and the next to act for the slot once fast again, before anyone
+    else wrote it: the keys stand as it handed them over, remembered goes too (five-node seed
+    1641822788: a retry of a go answered sorry there)."""
+    key = keys_in()[0]
+    slot = slot_of(rate_key("api", key))
+    owner = node("n1", 1)
+    first = owner.check("api", key, 3, 0.0, retry_id=7)
+    owner.lose_slot(slot, OLD, resigned=True, now=0.1)
+    owner.gain_slot(slot, 0.5, TERM, previous=OLD)
+    assert owner.spent_slots() == 0
+    assert owner.check("api", key, 3, 0.5, retry_id=7) == first
+    assert owner.check("api", key, 1, 0.5).go  # 3 of 4 were spent: one left
+    assert not owner.check("api", key, 1, 0.5).go
+
+
 def test_a_hand_over_counts_only_for_a_slot_gained_from_its_ballot_and_while_it_is_kept():
     key = keys_in()[0]
     slot = slot_of(rate_key("api", key))
