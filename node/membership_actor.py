@@ -260,7 +260,7 @@ class MembershipActor:
         for address, gossip in targets:
             node_id = node_at.get(address)
             if node_id is not None and linked.get(node_id):
-                self._links.send(node_id, gossip)
+                self._links.send_together([(node_id, gossip)])
             elif address not in self._introducing:
                 # A seed, or a member with no link up: links only form in one direction (the
                 # smaller id dials), so a restarted node that knows nobody would never hear from
