@@ -382,14 +382,24 @@ def lossy_pair() -> tuple[LossyConnection, LossyConnection]:
     return LossyConnection(there, from_there), LossyConnection(back, from_here)
 
 
-async def test_what_a_replaced_connection_lost_is_sent_again_once(autojump_clock, nursery):
+def nodes_a_and_b(deliver=None) -> tuple[Links, Links, list[str]]:
+    """Two nodes' links with no dialer (the test hands them their connections), and the texts
+    they receive, unless `deliver` takes them."""
     received: list[str] = []
 
-    async def deliver(remote_id: str, messages: list[object]) -> None:
+    async def keep(remote_id: str, messages: list[object]) -> None:
         received.extend(m.text for m in messages)
 
-    a = Links("a", b"s", CODEC, None, deliver, random.Random(1), generation=1)
-    b = Links("b", b"s", CODEC, None, deliver, random.Random(2), generation=1)
+    deliver = deliver or keep
+    return (
+        Links("a", b"s", CODEC, None, deliver, random.Random(1), generation=1),
+        Links("b", b"s", CODEC, None, deliver, random.Random(2), generation=1),
+        received,
+    )
+
+
+async def test_what_a_replaced_connection_lost_is_sent_again_once(autojump_clock, nursery):
+    a, b, received = nodes_a_and_b()
     first_a, first_b = lossy_pair()
     nursery.start_soon(a.link("b").carry, first_a, 1)
     nursery.start_soon(b.link("a").carry, first_b, 1)
@@ -433,8 +443,7 @@ async def test_what_is_sent_together_leaves_from_the_sending_task_one_frame_a_li
         if len(received) == 4:
             arrived.set()
 
-    a = Links("a", b"s", CODEC, None, deliver, random.Random(1), generation=1)
-    b = Links("b", b"s", CODEC, None, deliver, random.Random(2), generation=1)
+    a, b, _ = nodes_a_and_b(deliver)
     c = Links("c", b"s", CODEC, None, deliver, random.Random(3), generation=1)
     for there, back in [(b, "b"), (c, "c")]:
         here_end, there_end = socket_pair()
@@ -452,13 +461,7 @@ async def test_what_is_sent_together_leaves_from_the_sending_task_one_frame_a_li
 
 
 async def test_a_link_busy_sending_leaves_what_is_sent_together_to_its_send_loop(nursery):
-    received: list[str] = []
-
-    async def deliver(remote_id: str, messages: list[object]) -> None:
-        received.extend(m.text for m in messages)
-
-    a = Links("a", b"s", CODEC, None, deliver, random.Random(1), generation=1)
-    b = Links("b", b"s", CODEC, None, deliver, random.Random(2), generation=1)
+    a, b, received = nodes_a_and_b()
     here_end, there_end = socket_pair()
     nursery.start_soon(a.link("b").carry, here_end, 1)
     with trio.fail_after(10):
