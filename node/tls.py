@@ -69,5 +69,17 @@ def _load(load, what: str, *paths: str | None) -> None:
         why = error.reason or str(error)
         raise ConfigError(f"[tls] {what} ({', '.join(p for p in paths if p)}): {why}") from None
     except OSError as error:
+        # ssl's own loads say which error, not which file: the files it could not open do.
+        named = [p for p in paths if p]
+        unreadable = [error.filename] if error.filename else [p for p in named if not _readable(p)]
         why = error.strerror or str(error)
-        raise ConfigError(f"[tls] {what}: cannot read {error.filename}: {why}") from None
+        files = ", ".join(unreadable or named)
+        raise ConfigError(f"[tls] {what}: cannot read {files}: {why}") from None
+
+
+def _readable(path: str) -> bool:
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False
