@@ -38,6 +38,7 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError
 
 from .clock import TRIO_CLOCK, Clock
+from .logs import Sparse
 from .websocket import WebSocket, dial
 from .wire import MAX_FRAME, Codec, WireError
 
@@ -54,6 +55,8 @@ OUTBOX_LIMIT = 100_000
 # A link with messages to deliver whose other end has acknowledged none of them for this long
 # is stalled (`Link.stalled_since`).
 STALL_AFTER = 0.5
+# How often a refused link is logged at most (with how many there were).
+REFUSAL_LOG_INTERVAL = 10.0
 # Close code for a link whose other end does not know the secret (4000-4999: private use).
 CLOSE_UNAUTHORIZED = 4401
 
@@ -575,6 +578,7 @@ class Links:
         self._backing_off: dict[str, trio.Event] = {}
         # The links `send_together` sent to so far, in order, while it runs.
         self._gathered: dict[Link, None] | None = None
+        self._refused_links = Sparse(REFUSAL_LOG_INTERVAL)
 
     def link(self, remote_id: str) -> Link:
         link = self._links.get(remote_id)
@@ -712,7 +716,10 @@ class Links:
                 self._clock,
             )
         except (LinkRefused, trio.TooSlowError, ConnectionClosed) as error:
-            log.warning("Refused a node link: %s", error)
+            # Anyone who reaches the port can make these: a line at most every 10 s.
+            refused = self._refused_links.due(self._clock.now())
+            if refused is not None:
+                log.warning("Refused %d node link(s) since the last such line: %s", refused, error)
             return
         remote_dials = not self.dials(remote.node_id)
         await self.link(remote.node_id).carry(conn, remote.generation, remote_dials)

@@ -23,7 +23,6 @@ pinned hypercorn version matters (pyproject.toml).
 from __future__ import annotations
 
 import logging
-import math
 import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -36,6 +35,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from trio_websocket import ConnectionClosed
 
+from .logs import Sparse
 from .websocket import WebSocket, accept_handshake
 from .wire import MAX_FRAME
 
@@ -120,22 +120,22 @@ class Connections:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
-        self.refused = 0
-        self._refusals_logged_at = -math.inf
-        self._refused_when_logged = 0
+        self._refusals = Sparse(REFUSAL_LOG_INTERVAL)
+
+    @property
+    def refused(self) -> int:
+        return self._refusals.count
 
     def refusal(self, now: float) -> bytes:
         """The 503 for a connection past the limit (and a log line, at most every 10 s)."""
-        self.refused += 1
-        if now - self._refusals_logged_at >= REFUSAL_LOG_INTERVAL:
+        since = self._refusals.due(now)
+        if since is not None:
             log.warning(
                 "%d connections open, the most this node holds ([limits] connections): "
                 "refused %d since the last such line.",
                 self.open,
-                self.refused - self._refused_when_logged,
+                since,
             )
-            self._refusals_logged_at = now
-            self._refused_when_logged = self.refused
         body = (
             f"Too many connections: this node holds at most {self.limit} at once "
             "([limits] connections); retry."

@@ -110,3 +110,23 @@ class ClipArguments(logging.Filter):
                 arg if isinstance(arg, int | float | None) else _Clipped(arg) for arg in record.args
             )
         return True
+
+
+class Sparse:
+    """A line that others can make a node log at will (a refused link, a refused connection)
+    logged at most every `interval` seconds: each says how many it stands for."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.count = 0
+        self._logged_at = -float("inf")
+        self._count_when_logged = 0
+
+    def due(self, now: float) -> int | None:
+        """Count one more; how many since the last line, if a line is due `now`, else None."""
+        self.count += 1
+        if now - self._logged_at < self.interval:
+            return None
+        since, self._count_when_logged = self.count - self._count_when_logged, self.count
+        self._logged_at = now
+        return since

@@ -22,6 +22,7 @@ from sluicegate.node.links import (
     DIALER,
     HANDSHAKE_MESSAGES,
     OUTBOX_LIMIT,
+    REFUSAL_LOG_INTERVAL,
     Challenge,
     Hello,
     Links,
@@ -479,3 +480,20 @@ async def test_a_link_busy_sending_leaves_what_is_sent_together_to_its_send_loop
             await trio.sleep(0.001)
     assert received == [big, "after"]
     assert a.link("b").frames_sent == 3 and not here_end.draining
+
+
+async def test_refused_links_are_logged_a_line_every_ten_seconds_at_most(
+    autojump_clock, network, nursery, caplog
+):
+    network.add("a", secret=b"wrong")
+    network.add("b")
+    nursery.start_soon(network.nodes["a"].keep_linked, "b", "b")
+    with caplog.at_level("WARNING", logger="sluicegate.links"):
+        await trio.sleep(60)
+    lines = [r.getMessage() for r in caplog.records if "node link(s)" in r.getMessage()]
+    refused = len(network.servers)
+    assert refused > len(lines)  # the dialler kept trying
+    assert 1 <= len(lines) <= 60 / REFUSAL_LOG_INTERVAL + 1
+    # The first is logged at once; each line counts those since the line before.
+    counts = [int(line.split()[1]) for line in lines]
+    assert counts[0] == 1 and sum(counts) <= refused
