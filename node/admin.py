@@ -9,13 +9,13 @@
 
 `--url` defaults to `SLUICEGATE_URL`, else http://127.0.0.1:8000. An `https://` URL verifies the
 nodes against `--ca` (`SLUICEGATE_CA`; the system's authorities if none), and shows the client
-certificate `--certificate` and `--key` name (`SLUICEGATE_CERTIFICATE`, `SLUICEGATE_KEY`) to
-nodes that ask for one; `--token` (`SLUICEGATE_TOKEN`) names an admin token to nodes with
-`[auth]` (README, "Security"). The other members are asked the same way. Each
-member answers for the
-semaphores it owns (`GET /status.json`), so `semaphores` asks every member that is up. `drain`
-and `forget` prove the cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file`
-or `SLUICEGATE_CLUSTER_SECRET_FILE` names) without sending it (node/cluster_admin.py).
+certificate `--certificate` and `--key` name (`SLUICEGATE_CERTIFICATE`, `SLUICEGATE_KEY`) to nodes
+that ask for one; `--token` (`SLUICEGATE_TOKEN`), or the file `--token-file`
+(`SLUICEGATE_TOKEN_FILE`), names an admin token to nodes with `[auth]` (README, "Security"). The
+other members are asked the same way. Each member answers for the semaphores it owns (`GET
+/status.json`), so `semaphores` asks every member that is up. `drain` and `forget` prove the
+cluster secret (`SLUICEGATE_CLUSTER_SECRET`, or the file `--secret-file` or
+`SLUICEGATE_CLUSTER_SECRET_FILE` names) without sending it (node/cluster_admin.py).
 """
 
 from __future__ import annotations
@@ -267,6 +267,24 @@ def forget(url: str, node_id: str, secret: bytes, timeout: float) -> int:
     return 1
 
 
+def token_from(token: str | None, path: str | None) -> str | None:
+    """The admin token: `--token` (or `SLUICEGATE_TOKEN`), else the first line of the file
+    `--token-file` (or `SLUICEGATE_TOKEN_FILE`), which keeps it off the command line."""
+    if token:
+        return token
+    path = path or os.environ.get("SLUICEGATE_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError) as error:
+        raise TokenFileError(f"cannot read the token file {path}: {error}") from None
+
+
+class TokenFileError(Exception):
+    pass
+
+
 def secret_from(path: str | None) -> bytes | None:
     path = path or os.environ.get("SLUICEGATE_CLUSTER_SECRET_FILE")
     if path:
@@ -293,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(
             f"--{name}", default=os.environ.get(variable), help=f"{what}; {variable}"
         )
+    parser.add_argument(
+        "--token-file",
+        help="a file whose first line is the token's secret, instead of --token; "
+        "SLUICEGATE_TOKEN_FILE",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", help="the node's members, slots and readiness")
     commands.add_parser("semaphores", help="holders and waiters of every semaphore")
@@ -315,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
     try:
-        use_credentials(args.ca, args.certificate, args.key, args.token)
+        token = token_from(args.token, args.token_file)
+    except TokenFileError as error:
+        print(f"sluicegate: {error}", file=sys.stderr)
+        return 2
+    try:
+        use_credentials(args.ca, args.certificate, args.key, token)
     except (OSError, ssl.SSLError) as error:
         print(f"sluicegate: cannot load the TLS files: {error}", file=sys.stderr)
         return 2

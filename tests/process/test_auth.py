@@ -136,7 +136,7 @@ def test_a_peer_is_its_makers_alone(node):
     assert call(node, "DELETE", f"/peers/{mine}", "crawler").json() == "Peer released"
 
 
-def test_the_admin_command_names_its_token(node):
+def test_the_admin_command_names_its_token(node, tmp_path):
     def status(*args: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "sluicegate.node.admin", "--url", node.url, *args]
         return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
@@ -145,6 +145,14 @@ def test_the_admin_command_names_its_token(node):
     refused = status("--token", SECRETS["CRAWLER_TOKEN"], "status")
     assert refused.returncode == 2 and "403" in refused.stderr
     assert status("status").returncode == 2
+    # Off the command line: from a file, whose first line is the secret.
+    token_file = tmp_path / "ops-token"
+    token_file.write_text(SECRETS["OPS_TOKEN"] + "\n")
+    assert status("--token-file", str(token_file), "status").returncode == 0
+    missing = status("--token-file", str(tmp_path / "missing"), "status")
+    assert missing.returncode == 2 and f"cannot read the token file {tmp_path / 'missing'}" in (
+        missing.stderr
+    )
 
 
 def test_a_token_uses_only_its_semaphores_and_rate_limiters(node):
