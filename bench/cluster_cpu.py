@@ -26,8 +26,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cluster_profile import lock_loop  # noqa: E402
 from bench.peers.sluicegate import CLIENT_NODE, Sluicegate  # noqa: E402
-from sluicegate import client as sg  # noqa: E402
 
 COUNTING = """
 import collections, json, os, signal
@@ -73,18 +73,6 @@ def usage(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, switches
 
 
-async def lock_loop(url: str, name: str, seconds: float) -> int:
-    async with await sg.connect(url) as client:
-        async with client.lock(name):  # connected, the peer made: not counted
-            pass
-        cycles, started = 0, time.monotonic()
-        while time.monotonic() - started < seconds:
-            async with client.lock(name):
-                pass
-            cycles += 1
-        return cycles
-
-
 def locking(system: Sluicegate, out: Path, seconds: float) -> None:
     pids = system.members()
     url = f"ws://127.0.0.1:{system.nodes[CLIENT_NODE].port}"
@@ -92,7 +80,7 @@ def locking(system: Sluicegate, out: Path, seconds: float) -> None:
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR1)
     client_before = os.times()
-    cycles = anyio.run(lock_loop, url, system.locks[0], seconds, backend="trio")
+    cycles, _ = anyio.run(lock_loop, url, system.locks[0], seconds, backend="trio")
     client_after = os.times()
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR2)
