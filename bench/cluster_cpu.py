@@ -2,20 +2,27 @@
 idle. The cluster of `bench/cluster_vs_peers.py` (the client at n1, the lock's owner another).
 
     .venv/bin/python bench/cluster_cpu.py                 # 10 s of locking, 3 rounds in turn
+    .venv/bin/python bench/cluster_cpu.py --workers 32    # 32 workers, a lock each
+    .venv/bin/python bench/cluster_cpu.py --calls         # and the Python calls a cycle
     .venv/bin/python bench/cluster_cpu.py --idle 25       # each member idle, % of a core
 
-Locking, each member's user and system CPU a cycle and its voluntary context switches (from
-`/proc/PID/stat` and `/proc/PID/status`), and its trio task steps and scheduler passes a cycle:
-the nodes start with a `sitecustomize.py` of this script's making on their `PYTHONPATH`, which
-adds a trio instrument on SIGUSR1 and writes its counts on SIGUSR2, sent around the locking.
+Locking, each member's user and system CPU a cycle, the share of a core it kept busy, and its
+voluntary context switches (from `/proc/PID/stat` and `/proc/PID/status`), and its trio task
+steps and scheduler passes a cycle: the nodes start with a `sitecustomize.py` of this script's
+making on their `PYTHONPATH`, which adds a trio instrument on SIGUSR1 and writes its counts on
+SIGUSR2, sent around the locking. With `--calls`, the same signals run `cProfile` in each node
+too: the function calls a cycle (a count that the machine's other work does not move, unlike
+its times; cProfile slows the nodes, so the other figures of such a run are not comparable).
 Linux only (`/proc`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import pstats
 import signal
 import sys
 import tempfile
@@ -28,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cluster_profile import lock_loop  # noqa: E402
 from bench.peers.sluicegate import CLIENT_NODE, Sluicegate  # noqa: E402
+from sluicegate import client as sg  # noqa: E402
 
 COUNTING = """
 import collections, json, os, signal
@@ -44,18 +52,27 @@ class _Steps:
         self.passes += 1
 
 _counting = []
+_profiles = []
 
 def _start(*_):
     import trio
     _counting.append(_Steps())
     trio.lowlevel.add_instrument(_counting[-1])
+    if os.environ.get("CLUSTER_CPU_CALLS"):
+        import cProfile
+        _profiles.append(cProfile.Profile())
+        _profiles[-1].enable()
 
 def _stop(*_):
     import trio
     steps = _counting.pop()
     trio.lowlevel.remove_instrument(steps)
-    path = os.path.join(os.environ["CLUSTER_CPU_OUT"], f"{os.getpid()}.json")
-    with open(path, "w") as out:
+    out_dir = os.environ["CLUSTER_CPU_OUT"]
+    if _profiles:
+        profile = _profiles.pop()
+        profile.disable()
+        profile.dump_stats(os.path.join(out_dir, f"{os.getpid()}.prof"))
+    with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as out:
         json.dump({"passes": steps.passes, "tasks": steps.tasks}, out)
 
 if os.environ.get("CLUSTER_CPU_OUT"):
@@ -73,14 +90,42 @@ def usage(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, switches
 
 
-def locking(system: Sluicegate, out: Path, seconds: float) -> None:
+async def workers_loop(url: str, names: list[str], seconds: float) -> tuple[int, float]:
+    """Each name locked and unlocked by a worker of its own, one client, for `seconds`."""
+    cycles = 0
+
+    async def worker(client: sg.Client, name: str, until: float) -> None:
+        nonlocal cycles
+        while True:
+            async with client.lock(name):
+                pass
+            cycles += 1
+            if time.monotonic() >= until:
+                return
+
+    async with await sg.connect(url) as client:
+        async with anyio.create_task_group() as workers:  # a lock each once: not measured
+            for name in names:
+                workers.start_soon(worker, client, name, 0.0)
+        cycles, started = 0, time.monotonic()
+        async with anyio.create_task_group() as workers:
+            for name in names:
+                workers.start_soon(worker, client, name, started + seconds)
+        return cycles, time.monotonic() - started
+
+
+def locking(system: Sluicegate, out: Path, seconds: float, workers: int) -> None:
     pids = system.members()
     url = f"ws://127.0.0.1:{system.nodes[CLIENT_NODE].port}"
+    if workers == 1:
+        run = functools.partial(lock_loop, url, system.locks[0], seconds)
+    else:
+        run = functools.partial(workers_loop, url, system.locks[:workers], seconds)
     before = {node: usage(pid) for node, pid in pids.items()}
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR1)
     client_before = os.times()
-    cycles, _ = anyio.run(lock_loop, url, system.locks[0], seconds, backend="trio")
+    cycles, took = anyio.run(run, backend="trio")
     client_after = os.times()
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR2)
@@ -90,7 +135,8 @@ def locking(system: Sluicegate, out: Path, seconds: float) -> None:
         (out / f"{pid}.json").exists() for pid in pids.values()
     ):
         time.sleep(0.05)
-    print(f"  {cycles / seconds:.0f} cycles/s, the lock's owner {system.serving()}")
+    owner = system.serving() if workers == 1 else "n2 or n3"
+    print(f"  {cycles / took:.0f} cycles/s with {workers} worker(s), the lock's owner {owner}")
     print(
         f"  the client (this process): user"
         f" {1000 * (client_after.user - client_before.user) / cycles:.2f} ms, system"
@@ -102,9 +148,14 @@ def locking(system: Sluicegate, out: Path, seconds: float) -> None:
         steps = sum(counts["tasks"].values())
         print(
             f"  {node}: user {1000 * user / cycles:.2f} ms, system {1000 * system_cpu / cycles:.2f}"
-            f" ms, {switches / cycles:.1f} switches, {steps / cycles:.1f} task steps,"
-            f" {counts['passes'] / cycles:.1f} scheduler passes a cycle"
+            f" ms ({100 * (user + system_cpu) / took:.0f} % of a core), {switches / cycles:.1f}"
+            f" switches, {steps / cycles:.1f} task steps, {counts['passes'] / cycles:.1f}"
+            " scheduler passes a cycle"
         )
+        profile = out / f"{pid}.prof"
+        if profile.exists():
+            calls = sum(row[1] for row in pstats.Stats(str(profile)).stats.values())
+            print(f"    {calls / cycles:.0f} Python function calls a cycle")
         busiest = sorted(counts["tasks"].items(), key=lambda item: -item[1])[:3]
         print("    " + ", ".join(f"{n / cycles:.1f} {task}" for task, n in busiest))
 
@@ -125,8 +176,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of locking")
     parser.add_argument("--rounds", type=int, default=3, help="clusters started in turn")
+    parser.add_argument("--workers", type=int, default=1, help="workers, each with a lock")
+    parser.add_argument("--calls", action="store_true", help="count Python calls (cProfile)")
     parser.add_argument("--idle", type=float, help="measure idle members for this many seconds")
     args = parser.parse_args()
+    if not 1 <= args.workers <= len(Sluicegate().locks):
+        parser.error(f"--workers: 1 to {len(Sluicegate().locks)}")
     work = Path(tempfile.mkdtemp(prefix="cluster-cpu-"))
     site, out = work / "site", work / "counts"
     site.mkdir()
@@ -136,6 +191,8 @@ def main() -> None:
         [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
     os.environ["CLUSTER_CPU_OUT"] = str(out)
+    if args.calls:
+        os.environ["CLUSTER_CPU_CALLS"] = "1"
     for round_ in range(1, args.rounds + 1):
         print(f"round {round_}/{args.rounds}", flush=True)
         system = Sluicegate()
@@ -144,7 +201,7 @@ def main() -> None:
             if args.idle is not None:
                 idle(system, args.idle)
             else:
-                locking(system, out, args.duration)
+                locking(system, out, args.duration, args.workers)
         finally:
             system.stop()
 
