@@ -457,6 +457,8 @@ class SlotLeases:
         self.settling.committed(slot, writer.committed_first_sent)
         if slot in self._to_resign:
             self._resign(slot, now)
+            if slot not in self.owned:
+                return  # dropped while still being taken (no `Lost`): never gained
         if owned.phase == WRITING and committed >= 1:
             if now >= owned.lease_from + self.usable_lease:
                 # Committed only after the lease it was taken under ran out (this node was
