@@ -11,8 +11,9 @@ voluntary context switches (from `/proc/PID/stat` and `/proc/PID/status`), and i
 steps and scheduler passes a cycle: the nodes start with a `sitecustomize.py` of this script's
 making on their `PYTHONPATH`, which adds a trio instrument on SIGUSR1 and writes its counts on
 SIGUSR2, sent around the locking. With `--calls`, the same signals run `cProfile` in each node
-too: the function calls a cycle (a count that the machine's other work does not move, unlike
-its times; cProfile slows the nodes, so the other figures of such a run are not comparable).
+too: the function calls a cycle (a count the machine's other work moves far less than times:
+only the members' own background work, by the second, counts with it; cProfile slows the nodes,
+so the other figures of such a run are not comparable).
 Linux only (`/proc`).
 """
 
