@@ -630,11 +630,9 @@ def test_the_member_next_in_the_ring_waits_out_an_owner_heard_again_after_it_res
     assert n2.acting(slot, 1.75)
 
 
-def test_a_slot_resigned_as_its_takeover_write_commits_is_never_gained():
-    """Three-node seed 322074795: a member that took a slot back after a partition healed, and
-    resigned it to the member the ring names once the takeover's write committed, was told of
-    the slot gained in that step (after it had dropped it): its shard served the slot's peers,
-    expired them, and its write of a slot it did not hold crashed the node."""
+def _taking_slot_0_of_three() -> tuple[Ownership, Ballot]:
+    """n1 of three, its ballot for slot 0 promised by n2 and n3 at 0.01: its takeover write (version
+    1) is on its way, not accepted yet."""
     core = Ownership(
         "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
     )
@@ -644,6 +642,15 @@ def test_a_slot_resigned_as_its_takeover_write_commits_is_never_gained():
     ballot = next(m.ballot for _, m in core.outbox() if isinstance(m, Prepare) and m.slot == 0)
     for member in ("n2", "n3"):
         core.receive(member, Promise(0, ballot, NO_BALLOT, 0, []), 0.01)
+    return core, ballot
+
+
+def test_a_slot_resigned_as_its_takeover_write_commits_is_never_gained():
+    """Three-node seed 322074795: a member that took a slot back after a partition healed, and
+    resigned it to the member the ring names once the takeover's write committed, was told of
+    the slot gained in that step (after it had dropped it): its shard served the slot's peers,
+    expired them, and its write of a slot it did not hold crashed the node."""
+    core, ballot = _taking_slot_0_of_three()
     core.events()
     core.leave(0.015)  # resigns every slot once its writes are committed
     for member in ("n2", "n3"):
@@ -922,15 +929,7 @@ def test_a_writer_counts_an_acceptors_word_only_for_a_vote_life_after_the_write_
 
 
 def test_an_owner_writes_again_once_its_acceptors_words_are_half_spent():
-    core = Ownership(
-        "n1", life=1, lease=1.0, settle=0.0, era_floor=5, rng=random.Random(1), now=0.0
-    )
-    core.members_changed({"n1": 1, "n2": 1, "n3": 1}, {"n1", "n2", "n3"}, 0.0)
-    core._become_ready(5, 0.0, cold=True)
-    core.tick(0.0)
-    ballot = next(m.ballot for _, m in core.outbox() if isinstance(m, Prepare) and m.slot == 0)
-    for member in ("n2", "n3"):
-        core.receive(member, Promise(0, ballot, NO_BALLOT, 0, []), 0.01)
+    core, ballot = _taking_slot_0_of_three()
     core.receive("n2", Accepted(0, ballot, 1), 0.02)
     assert core.acting(0, 0.02)
     core.outbox()
