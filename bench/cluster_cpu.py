@@ -20,7 +20,6 @@ Linux only (`/proc`).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import pstats
@@ -35,8 +34,15 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cluster_profile import lock_loop  # noqa: E402
+from bench.cluster_vs_peers import WARM_UP  # noqa: E402
 from bench.peers.sluicegate import CLIENT_NODE, Sluicegate  # noqa: E402
-from sluicegate import client as sg  # noqa: E402
+from bench.peers.workloads import (  # noqa: E402
+    CYCLE_LIMIT,
+    OWN_LOCKS,
+    Run,
+    Workload,
+    for_seconds,
+)
 
 COUNTING = """
 import collections, json, os, signal
@@ -91,42 +97,30 @@ def usage(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, switches
 
 
-async def workers_loop(url: str, names: list[str], seconds: float) -> tuple[int, float]:
-    """Each name locked and unlocked by a worker of its own, one client, for `seconds`."""
-    cycles = 0
-
-    async def worker(client: sg.Client, name: str, until: float) -> None:
-        nonlocal cycles
-        while True:
-            async with client.lock(name):
-                pass
-            cycles += 1
-            if time.monotonic() >= until:
-                return
-
-    async with await sg.connect(url) as client:
-        async with anyio.create_task_group() as workers:  # a lock each once: not measured
-            for name in names:
-                workers.start_soon(worker, client, name, 0.0)
-        cycles, started = 0, time.monotonic()
-        async with anyio.create_task_group() as workers:
-            for name in names:
-                workers.start_soon(worker, client, name, started + seconds)
-        return cycles, time.monotonic() - started
+def drive_workers(system: Sluicegate, workers: int, seconds: float) -> tuple[int, float]:
+    """`workers` workers on one client, each locking a lock of its own, as
+    `bench/cluster_vs_peers.py` drives them: the cycles and the seconds they took."""
+    workload = Workload(f"{workers} workers, own lock each", workers, shared_semaphore=False)
+    run = Run()
+    system.drive(workload, run, for_seconds(seconds), seconds + CYCLE_LIMIT + 10)
+    for error, count in run.errors.items():
+        print(f"  {count} x {error}")
+    return len(run.cycles), run.ended - run.started
 
 
 def locking(system: Sluicegate, out: Path, seconds: float, workers: int) -> None:
     pids = system.members()
     url = f"ws://127.0.0.1:{system.nodes[CLIENT_NODE].port}"
-    if workers == 1:
-        run = functools.partial(lock_loop, url, system.locks[0], seconds)
-    else:
-        run = functools.partial(workers_loop, url, system.locks[:workers], seconds)
+    if workers > 1:  # the workers' peers made, as bench/cluster_vs_peers.py warms up
+        drive_workers(system, workers, WARM_UP)
     before = {node: usage(pid) for node, pid in pids.items()}
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR1)
     client_before = os.times()
-    cycles, took = anyio.run(run, backend="trio")
+    if workers == 1:
+        cycles, took = anyio.run(lock_loop, url, system.locks[0], seconds, backend="trio")
+    else:
+        cycles, took = drive_workers(system, workers, seconds)
     client_after = os.times()
     for pid in pids.values():
         os.kill(pid, signal.SIGUSR2)
@@ -136,7 +130,7 @@ def locking(system: Sluicegate, out: Path, seconds: float, workers: int) -> None
         (out / f"{pid}.json").exists() for pid in pids.values()
     ):
         time.sleep(0.05)
-    owner = system.serving() if workers == 1 else "n2 or n3"
+    owner = system.serving() if workers == 1 else f"a member other than {CLIENT_NODE}"
     print(f"  {cycles / took:.0f} cycles/s with {workers} worker(s), the lock's owner {owner}")
     print(
         f"  the client (this process): user"
@@ -181,8 +175,8 @@ def main() -> None:
     parser.add_argument("--calls", action="store_true", help="count Python calls (cProfile)")
     parser.add_argument("--idle", type=float, help="measure idle members for this many seconds")
     args = parser.parse_args()
-    if not 1 <= args.workers <= len(Sluicegate().locks):
-        parser.error(f"--workers: 1 to {len(Sluicegate().locks)}")
+    if not 1 <= args.workers <= OWN_LOCKS.workers:
+        parser.error(f"--workers: 1 to {OWN_LOCKS.workers}")
     work = Path(tempfile.mkdtemp(prefix="cluster-cpu-"))
     site, out = work / "site", work / "counts"
     site.mkdir()
